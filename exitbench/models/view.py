@@ -1,0 +1,191 @@
+"""The early-exit view of a Llama-family decoder: embed, a forward over any layer range, the shared head.
+
+It reuses the Hugging Face model's own submodules (projections, norms, MLPs, rotary embedding) and
+replaces only attention's cache handling with :class:`~exitbench.models.cache.KVCache`, so that layers
+can hold different lengths (draft vs verify) and cropping is free. Works for the Llama, Mistral and Qwen2
+layouts (``model.model.layers``, ``model.model.norm``, ``model.lm_head``); Qwen3-style per-head q/k
+norms are applied when present. Sliding-window attention is not modelled (full attention everywhere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exitbench.errors import ExitbenchError
+from exitbench.models.cache import KVCache
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotate the two halves of the last dimension: (x1, x2) -> (-x2, x1) (RoFormer, Su et al. 2021)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, x * cos + rotate_half(x) * sin. x: [B, H, S, D]; cos, sin: [B, S, D]."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+
+def causal_mask(query_len: int, start: int, device: torch.device) -> torch.Tensor | None:
+    """Boolean mask [S, start+S]: query i (at position start+i) sees keys 0..start+i. None when S == 1."""
+    if query_len == 1:
+        return None
+    rows = torch.arange(query_len, device=device).unsqueeze(1) + start
+    cols = torch.arange(start + query_len, device=device).unsqueeze(0)
+    return cols <= rows
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+
+class EarlyExitModel:
+    """Wraps a ``*ForCausalLM`` so any contiguous range of layers can run over a shared KV cache."""
+
+    def __init__(self, causal_lm: nn.Module) -> None:
+        inner = getattr(causal_lm, "model", None)
+        missing = [
+            name
+            for name, ok in (
+                ("model.layers", hasattr(inner, "layers")),
+                ("model.norm", hasattr(inner, "norm")),
+                ("model.embed_tokens", hasattr(inner, "embed_tokens")),
+                ("model.rotary_emb", hasattr(inner, "rotary_emb")),
+                ("lm_head", hasattr(causal_lm, "lm_head")),
+            )
+            if not ok
+        ]
+        if missing:
+            kind = type(causal_lm).__name__
+            raise ExitbenchError(
+                f"{kind} is not a Llama-family decoder (missing {', '.join(missing)}); "
+                "use a Llama, Mistral or Qwen2-style checkpoint"
+            )
+        self.hf = causal_lm
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.rotary_emb = inner.rotary_emb
+        self.lm_head = causal_lm.lm_head
+        attn = self.layers[0].self_attn
+        cfg = causal_lm.config
+        self.shape = ModelShape(
+            num_layers=len(self.layers),
+            hidden_size=cfg.hidden_size,
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=attn.head_dim,
+            vocab_size=cfg.vocab_size,
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return self.shape.num_layers
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def new_cache(self, max_len: int) -> KVCache:
+        s = self.shape
+        return KVCache(s.num_layers, s.num_kv_heads, s.head_dim, max_len, self.dtype, self.device)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, S] -> hidden states [B, S, H]."""
+        return self.embed_tokens(ids)
+
+    def rope(self, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, S, D] for positions start..start+S-1."""
+        positions = torch.arange(start, start + hidden.shape[1], device=hidden.device).unsqueeze(0)
+        return self.rotary_emb(hidden, positions.expand(hidden.shape[0], -1))
+
+    def layer_forward(
+        self,
+        index: int,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        start: int = 0,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """One decoder layer over hidden [B, S, H] at positions start..start+S-1.
+
+        With a cache, the layer's K/V are written at ``start`` and attention covers the cached prefix;
+        without one (training), attention is causal over the S positions only.
+        """
+        layer = self.layers[index]
+        attn = layer.self_attn
+        bsz, seq, _ = hidden.shape
+        x = layer.input_layernorm(hidden)
+        q = attn.q_proj(x).view(bsz, seq, -1, attn.head_dim)
+        k = attn.k_proj(x).view(bsz, seq, -1, attn.head_dim)
+        v = attn.v_proj(x).view(bsz, seq, -1, attn.head_dim).transpose(1, 2)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rope
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, S, D]
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, H_kv, S, D]
+        if cache is not None:
+            k, v = cache.write(index, k, v, start)
+            mask = causal_mask(seq, start, hidden.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=seq > 1, scale=attn.scaling, enable_gqa=True)
+        hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(bsz, seq, -1))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+    def write_kv_only(
+        self, index: int, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], start: int, cache: KVCache
+    ) -> None:
+        """Compute layer ``index``'s K/V from ``hidden`` and cache them, without running attention or MLP.
+
+        This is state propagation for a skipped layer (CALM §3.3.1): the exit state, copied up, gives the
+        skipped layer's keys and values through that layer's own projections.
+        """
+        layer = self.layers[index]
+        attn = layer.self_attn
+        bsz, seq, _ = hidden.shape
+        x = layer.input_layernorm(hidden)
+        k = attn.k_proj(x).view(bsz, seq, -1, attn.head_dim)
+        v = attn.v_proj(x).view(bsz, seq, -1, attn.head_dim).transpose(1, 2)
+        if hasattr(attn, "k_norm"):
+            k = attn.k_norm(k)
+        k = apply_rope(k.transpose(1, 2), *rope)
+        cache.write(index, k, v, start)
+
+    def forward_layers(
+        self,
+        hidden: torch.Tensor,
+        first: int,
+        last: int,
+        start: int = 0,
+        cache: KVCache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Layers ``first..last-1`` over hidden [B, S, H] at positions ``start..start+S-1``."""
+        if rope is None:
+            rope = self.rope(hidden, start)
+        for index in range(first, last):
+            hidden = self.layer_forward(index, hidden, rope, start, cache)
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The shared exit head g: final norm + LM head. hidden [B, S, H] -> logits [B, S, V]."""
+        return self.lm_head(self.norm(hidden))
+
+    def logits_subset(self, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
+        """The exit head restricted to a sub-vocabulary: ``head_weight`` is ``lm_head.weight[ids]``."""
+        return F.linear(self.norm(hidden), head_weight)
