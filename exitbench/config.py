@@ -244,7 +244,8 @@ def resolve(raw: dict[str, Any], source: str = "params.yaml", profile: str | Non
             f"{source}: unknown profile(s) {unknown_profiles} under 'profiles'; allowed: {', '.join(PROFILES)}"
         )
     if active not in PROFILES:
-        raise ExitbenchError(f"{source}: profile '{active}' is not known; set 'profile' to one of {', '.join(PROFILES)}")
+        allowed = ', '.join(PROFILES)
+        raise ExitbenchError(f"{source}: profile '{active}' is not known; set 'profile' to one of {allowed}")
     overrides = profiles.get(active) or {}
     merged = deep_merge(raw, overrides)
     merged["profile"] = active
