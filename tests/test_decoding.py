@@ -1,0 +1,118 @@
+"""Golden tests: every exact method equals greedy decoding token for token on the tiny seeded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exitbench.decoding import REGISTRY, StopRule, build_method
+from exitbench.decoding.steps import new_cache_for, prefill
+from exitbench.errors import ExitbenchError
+
+NUM_LAYERS = 4
+MAX_NEW = 24  # >= 2 * max d, so both accept and reject paths run
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 12, 17)]
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(tiny_model):
+    method = build_method("autoregressive", tiny_model)
+    return [method.generate(p, MAX_NEW).tokens for p in prompts()]
+
+
+def test_autoregressive_matches_transformers_generate(tiny_model, tiny_lm, greedy_outputs):
+    for prompt, ours in zip(prompts(), greedy_outputs, strict=True):
+        ids = torch.tensor([prompt])
+        ref = tiny_lm.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert ours == ref[0, len(prompt):].tolist()
+    assert len({tuple(t) for t in greedy_outputs}) == len(greedy_outputs)
+    assert all(len(set(t)) > 5 for t in greedy_outputs), "fixture degenerated into repeating one token"
+
+
+@pytest.mark.parametrize("exit_layer", [1, NUM_LAYERS // 2, NUM_LAYERS - 1, NUM_LAYERS])
+@pytest.mark.parametrize("num_speculations", [1, 2, 4, 8])
+def test_self_speculative_equals_greedy(tiny_model, greedy_outputs, exit_layer, num_speculations):
+    method = build_method(
+        "self_speculative", tiny_model, {"exit_layer": exit_layer, "num_speculations": num_speculations}
+    )
+    for prompt, expected in zip(prompts(), greedy_outputs, strict=True):
+        result = method.generate(prompt, MAX_NEW)
+        assert result.tokens == expected
+        assert result.num_accepted <= result.num_drafted
+        assert sum(result.acceptance_histogram) == result.num_rounds
+
+
+def test_self_speculative_accept_and_reject_regimes(tiny_model):
+    prompt = prompts()[1]
+    all_accept = build_method("self_speculative", tiny_model, {"exit_layer": NUM_LAYERS, "num_speculations": 4})
+    result = all_accept.generate(prompt, MAX_NEW)
+    assert result.acceptance_rate == 1.0
+    mostly_reject = build_method("self_speculative", tiny_model, {"exit_layer": 1, "num_speculations": 4})
+    result = mostly_reject.generate(prompt, MAX_NEW)
+    assert result.acceptance_rate is not None and result.acceptance_rate < 0.5
+    assert result.acceptance_histogram[0] > 0
+
+
+def test_cache_length_after_every_crop_equals_accepted_length(tiny_model, monkeypatch):
+    from exitbench.decoding import self_speculative as module
+
+    method = build_method("self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 4})
+    prompt = prompts()[0]
+    seen: list[tuple[list[int], int]] = []
+    original = module.SelfSpeculative._round
+
+    def spy(self, cache, head, position, last, budget, stop, result):
+        new = original(self, cache, head, position, last, budget, stop, result)
+        seen.append((list(cache.lengths), position + len(new)))
+        return new
+
+    monkeypatch.setattr(module.SelfSpeculative, "_round", spy)
+    method.generate(prompt, MAX_NEW)
+    assert seen
+    for lengths, committed_minus_pending in seen:
+        assert lengths == [committed_minus_pending] * NUM_LAYERS
+
+
+def test_early_exit_at_last_layer_equals_greedy(tiny_model, greedy_outputs):
+    method = build_method("early_exit", tiny_model, {"exit_layer": NUM_LAYERS})
+    assert [method.generate(p, MAX_NEW).tokens for p in prompts()] == greedy_outputs
+
+
+def test_early_exit_below_last_layer_uses_exit_logits(tiny_model):
+    prompt = prompts()[0]
+    method = build_method("early_exit", tiny_model, {"exit_layer": 1})
+    first = method.generate(prompt, 1).tokens[0]
+    with torch.inference_mode():
+        cache = new_cache_for(tiny_model, len(prompt), 1)
+        logits = prefill(tiny_model, cache, prompt, last_layer=1)
+    assert first == int(logits[0, -1].argmax())
+
+
+def test_stop_rule_truncates_identically(tiny_model, greedy_outputs):
+    prompt, expected = prompts()[2], greedy_outputs[2]
+    eos = expected[6]
+    stop = StopRule(eos_token_ids=frozenset({eos}))
+    cut = expected.index(eos) + 1
+    for name, options in [("autoregressive", {}), ("self_speculative", {"exit_layer": 2, "num_speculations": 4})]:
+        assert build_method(name, tiny_model, options).generate(prompt, MAX_NEW, stop).tokens == expected[:cut]
+
+
+def test_stop_string_rule():
+    decode = lambda ids: "".join(chr(97 + i % 26) for i in ids)  # noqa: E731
+    stop = StopRule(stop_strings=("cd",), decode=decode)
+    assert stop.cut([0, 1, 2, 3, 4]) == 4
+    assert stop.cut([0, 1, 4]) is None
+
+
+def test_unknown_method_and_bad_options_are_one_line_errors(tiny_model):
+    with pytest.raises(ExitbenchError, match="unknown decoding method 'nope'; registered: "):
+        build_method("nope", tiny_model)
+    with pytest.raises(ExitbenchError, match="option 'num_speculations'"):
+        build_method("self_speculative", tiny_model, {"exit_layer": 2})
+    with pytest.raises(ExitbenchError, match=r"outside 1\.\.4"):
+        build_method("early_exit", tiny_model, {"exit_layer": 9})
+    assert {"autoregressive", "early_exit", "self_speculative"} <= set(REGISTRY)
