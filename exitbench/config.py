@@ -80,6 +80,9 @@ class TrainVariant(Section):
     checkpoint_every: int = Field(25, ge=1)
     max_examples: int = Field(0, ge=0, description="0 = all examples of the corpus")
     distributed: Literal["none", "ddp", "fsdp"] = "none"
+    timing_steps: int = Field(
+        3, ge=0, description="timed forward+backward steps, plain vs early-exit, for the report's ratio; 0 = skip"
+    )
 
 
 class TrainConfig(Section):
@@ -274,6 +277,16 @@ def stage_view(config: Config, stage: str) -> dict[str, Any]:
         raise ExitbenchError(f"unknown stage '{stage}'; known: {', '.join(STAGE_SECTIONS)}")
     data = config.model_dump(mode="json")
     return {"profile": config.profile, **{name: data[name] for name in STAGE_SECTIONS[stage]}}
+
+
+def train_variant_view(config: Config, variant: str) -> dict[str, Any]:
+    """The resolved config of one training variant (``train.variants`` narrowed to that one)."""
+    if variant not in config.train.variants:
+        known = ", ".join(sorted(config.train.variants))
+        raise ExitbenchError(f"unknown training variant '{variant}'; params.yaml train.variants has: {known}")
+    view = stage_view(config, "train")
+    view["train"] = {"variants": {variant: view["train"]["variants"][variant]}}
+    return view
 
 
 def load_stage(path: str | Path) -> Config:

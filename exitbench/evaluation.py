@@ -1,0 +1,296 @@
+"""The evaluate stage: every (model, task, method) -> quality, speed and exactness, resumably.
+
+For each (model, task) the greedy baseline runs first; every other method is scored on the same samples
+and compared with it token for token (mismatch rate, first divergence) and in time per token (speed-up
+as LayerSkip defines it: mean time per generated token of greedy / of the method, same model, dtype,
+prompts and process). Per-sample records are appended to ``<out>/<model>/<task>/<method>.jsonl`` (fsynced
+per line), so an interrupted run resumes where it stopped; a file written under different settings is
+started afresh. A crash on one sample is recorded, not fatal. The summary JSON is written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from exitbench.config import Config, stage_view
+from exitbench.data.io import atomic_write_json, read_jsonl
+from exitbench.decoding import StopRule, build_method, parse_options
+from exitbench.decoding.base import DecodingMethod
+from exitbench.errors import ExitbenchError
+from exitbench.models.load import load_early_exit_model, load_tokenizer
+from exitbench.models.view import EarlyExitModel
+from exitbench.provenance import provenance
+from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
+
+BASELINE = "autoregressive"
+
+
+@dataclass
+class EvalContext:
+    """One loaded model and what every method on it shares."""
+
+    name: str
+    model: EarlyExitModel
+    tokenizer: Any
+    draft: EarlyExitModel | None
+    model_key: str
+
+
+def _model_key(model_dir: Path) -> str:
+    info = model_dir / "model_info.json"
+    payload = info.read_bytes() if info.exists() else str(model_dir.resolve()).encode()
+    return hashlib.sha256(payload).hexdigest()[:16]
+
+
+def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
+    model_dir = models_dir / name
+    if not (model_dir / "config.json").exists():
+        raise ExitbenchError(
+            f"evaluate: model '{name}' not found at {model_dir}; it is made by `dvc repro "
+            f"{'prepare_model' if name == 'base' else 'train'}` (or remove it from evaluate.models)"
+        )
+    model = load_early_exit_model(model_dir, cfg.base.dtype, cfg.base.device)
+    draft = None
+    if "speculative" in cfg.evaluate.methods:
+        draft_dir = models_dir / "draft"
+        if not (draft_dir / "config.json").exists():
+            raise ExitbenchError(f"evaluate: method 'speculative' needs {draft_dir}; run `dvc repro prepare_model`")
+        draft = load_early_exit_model(draft_dir, cfg.base.dtype, cfg.base.device)
+    return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir))
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
+    """Prompt text -> token ids (a chat template only when params ask for it; BOS as the tokenizer adds)."""
+    if chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+def stop_rule(tokenizer: Any, task: Task) -> StopRule:
+    eos = tokenizer.eos_token_id
+    eos_ids = frozenset(eos if isinstance(eos, list) else [eos]) if eos is not None else frozenset()
+    return StopRule(eos_ids, task.stop_strings, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def load_samples(task: Task, data_dir: Path, num_samples: int) -> list[Sample]:
+    def rows(split: str) -> list[dict[str, Any]]:
+        path = data_dir / task.name / f"{split}.jsonl"
+        if not path.exists():
+            raise ExitbenchError(
+                f"evaluate: {path} not found; run `dvc repro prepare_data` (is '{task.name}' in data.tasks?)"
+            )
+        return list(read_jsonl(path))
+
+    task.set_context({split: rows(split) for split in task.context_splits})
+    return task.samples(rows(task.split), num_samples)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token (the shorter length if one is a prefix), None if equal."""
+    if list(a) == list(b):
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+class RecordFile:
+    """Append-only per-sample records with a settings key in the first line; resumable."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path = path
+        self.records: dict[int, dict[str, Any]] = {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            lines = path.read_text().splitlines()
+            header = _parse(lines[0]) if lines else None
+            if header and header.get("key") == key:
+                for line in lines[1:]:
+                    record = _parse(line)
+                    if record is not None and "index" in record:  # a torn last line is dropped
+                        self.records[record["index"]] = record
+        self._rewrite(key)
+
+    def _rewrite(self, key: str) -> None:
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        with tmp.open("w") as handle:
+            handle.write(json.dumps({"key": key}) + "\n")
+            for index in sorted(self.records):
+                handle.write(json.dumps(self.records[index]) + "\n")
+        os.replace(tmp, self.path)
+
+    def append(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records[record["index"]] = record
+
+
+def _parse(line: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass
+class TaskBatch:
+    """One task's samples on one model, encoded once and shared by every method."""
+
+    task: Task
+    samples: list[Sample]
+    prompt_ids: list[list[int]]
+    stop: StopRule
+    max_new_tokens: int
+    tokenizer: Any
+
+
+def run_method(method: DecodingMethod, batch: TaskBatch, records: RecordFile, label: str) -> list[dict[str, Any]]:
+    """Generate and score every sample not yet recorded; returns the records in sample order."""
+    todo = [i for i in range(len(batch.samples)) if i not in records.records]
+    if todo:  # warm-up, not recorded
+        method.generate(batch.prompt_ids[todo[0]], min(4, batch.max_new_tokens), batch.stop)
+    for index in tqdm(todo, desc=label, unit="sample", leave=False):
+        records.append(_one_sample(method, batch, index))
+    return [records.records[i] for i in range(len(batch.samples))]
+
+
+def _one_sample(method: DecodingMethod, batch: TaskBatch, index: int) -> dict[str, Any]:
+    sample = batch.samples[index]
+    record: dict[str, Any] = {"index": index, "sample_id": sample.sample_id}
+    try:
+        result = method.generate(batch.prompt_ids[index], batch.max_new_tokens, batch.stop)
+        text = batch.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        completion = batch.task.postprocess(text)
+        record.update(tokens=result.tokens, completion=completion, decode=result.to_dict())
+        record["scores"] = batch.task.score(sample, completion)
+        record["error"] = None
+    except ExitbenchError:
+        raise
+    except Exception as err:  # one broken sample is a recorded failure, not a failed run
+        record.update(error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=3))
+    return record
+
+
+def summarize(
+    task: Task,
+    method: DecodingMethod,
+    samples: list[Sample],
+    records: list[dict[str, Any]],
+    greedy: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """Quality, speed and exactness of one (model, task, method) from its per-sample records."""
+    ok = [(s, r) for s, r in zip(samples, records, strict=True) if r.get("error") is None]
+    quality = task.aggregate([s for s, _ in ok], [r["scores"] for _, r in ok])
+    tokens = sum(r["decode"]["num_tokens"] for _, r in ok)
+    seconds = sum(r["decode"]["wall_time_s"] for _, r in ok)
+    drafted = sum(r["decode"]["num_drafted"] for _, r in ok)
+    rounds = sum(r["decode"]["num_rounds"] for _, r in ok)
+    speed = {
+        "time_per_token_ms": 1000.0 * seconds / max(tokens, 1),
+        "num_tokens": tokens,
+        "acceptance_rate": sum(r["decode"]["num_accepted"] for _, r in ok) / drafted if drafted else None,
+        "tokens_per_round": tokens / rounds if rounds else None,
+        "speedup_vs_greedy": None,
+        "ideal_fraction": None,
+    }
+    exit_layers = [layer for _, r in ok for layer in r["decode"].get("exit_layers", [])]
+    if exit_layers:
+        speed["avg_exit_layer"] = sum(exit_layers) / len(exit_layers)
+    correctness: dict[str, Any] = {"exact_claimed": method.exact}
+    if greedy is not None:
+        g_tokens = sum(r["decode"]["num_tokens"] for r in greedy if r.get("error") is None)
+        g_seconds = sum(r["decode"]["wall_time_s"] for r in greedy if r.get("error") is None)
+        if g_tokens and tokens:
+            speed["speedup_vs_greedy"] = (g_seconds / g_tokens) / (seconds / tokens)
+        correctness.update(_compare(records, greedy))
+    return {
+        "num_samples": len(samples),
+        "num_failed": len(samples) - len(ok),
+        "quality": quality,
+        "speed": speed,
+        "correctness": correctness,
+        "errors": [r["error"] for r in records if r.get("error")][:5],
+    }
+
+
+def _compare(records: list[dict[str, Any]], greedy: list[dict[str, Any]]) -> dict[str, Any]:
+    pairs = [(r, g) for r, g in zip(records, greedy, strict=True) if r.get("error") is None and g.get("error") is None]
+    divergences = [first_divergence(r["tokens"], g["tokens"]) for r, g in pairs]
+    mismatched = [d for d in divergences if d is not None]
+    return {
+        "num_compared": len(pairs),
+        "num_mismatched": len(mismatched),
+        "mismatch_rate": len(mismatched) / len(pairs) if pairs else None,
+        "first_divergence_mean": sum(mismatched) / len(mismatched) if mismatched else None,
+        "first_divergence_min": min(mismatched) if mismatched else None,
+    }
+
+
+def evaluate_model_task(
+    cfg: Config, ctx: EvalContext, task_name: str, data_dir: Path, out_dir: Path
+) -> dict[str, dict[str, Any]]:
+    """All methods on one (model, task); writes ``<out>/<model>/<task>/<method>.{jsonl,json}``."""
+    task_cfg = cfg.evaluate.tasks[task_name]
+    task = build_task(task_name, TaskSettings(cfg.base.seed, cfg.evaluate.sandbox_timeout_s))
+    samples = load_samples(task, data_dir, task_cfg.num_samples)
+    prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, cfg.evaluate.chat_template) for s in samples]
+    batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
+    methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE]
+    summaries: dict[str, dict[str, Any]] = {}
+    greedy_records = None
+    for name in methods:
+        options = cfg.evaluate.methods.get(name, {})
+        method = build_method(name, ctx.model, options, draft_model=ctx.draft)
+        settings = {
+            "model": ctx.model_key,
+            "method": name,
+            "options": options,
+            "task": task_name,
+            "task_version": task.version,
+            "max_new_tokens": task_cfg.max_new_tokens,
+            "dtype": cfg.base.dtype,
+            "device": cfg.base.device,
+            "chat_template": cfg.evaluate.chat_template,
+            "seed": cfg.base.seed,
+        }
+        key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        target = out_dir / ctx.name / task_name
+        records = RecordFile(target / f"{name}.jsonl", key)
+        label = f"{ctx.name}/{task_name}/{name}"
+        done = run_method(method, batch, records, label)
+        if name == BASELINE:
+            greedy_records = done
+        summary = summarize(task, method, samples, done, greedy_records)
+        summary.update(task=task_name, method=name, model=ctx.name, options=options, dtype=cfg.base.dtype)
+        summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
+        atomic_write_json(target / f"{name}.json", summary)
+        summaries[name] = summary
+    return summaries
+
+
+def evaluate_all(cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path) -> list[dict[str, Any]]:
+    """The whole stage: every model x task x method in params.yaml's ``evaluate`` section."""
+    for name, options in cfg.evaluate.methods.items():  # fail fast on an unknown method or bad options
+        parse_options(name, options)
+    rows = []
+    for model_name in cfg.evaluate.models:
+        ctx = load_context(cfg, models_dir, model_name)
+        for task_name in cfg.evaluate.tasks:
+            for method, summary in evaluate_model_task(cfg, ctx, task_name, data_dir, out_dir).items():
+                rows.append({"model": model_name, "task": task_name, "method": method, **summary["speed"]})
+        del ctx
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
