@@ -1,0 +1,144 @@
+"""The evaluate harness on the tiny model: resumable records, exactness vs greedy, failed samples."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from exitbench.decoding import StopRule, build_method
+from exitbench.evaluation import RecordFile, TaskBatch, first_divergence, run_method, summarize
+from exitbench.tasks.base import Sample, Task
+
+
+class CharTokenizer:
+    """Token i <-> one character: enough to decode and score on the tiny 128-token model."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(32 + i % 90) for i in ids)
+
+
+class CountingTask(Task):
+    name = "counting"
+    primary_metric = "length"
+
+    def make_sample(self, index, row):
+        return Sample(str(index), row["prompt"], "", row)
+
+    def score(self, sample, completion):
+        if sample.row.get("explode"):
+            raise RuntimeError("scorer crashed")
+        return {"length": float(len(completion))}
+
+
+def make_batch(num: int = 3, explode_at: int | None = None) -> TaskBatch:
+    gen = torch.Generator().manual_seed(3)
+    rows = [{"prompt": f"p{i}", "explode": i == explode_at} for i in range(num)]
+    task = CountingTask()
+    samples = task.samples(rows, num)
+    ids = [torch.randint(3, 128, (6 + i,), generator=gen).tolist() for i in range(num)]
+    return TaskBatch(task, samples, ids, StopRule(), 12, CharTokenizer())
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_self_speculative_is_exact_and_summarised(tiny_model, tmp_path):
+    batch = make_batch()
+    greedy = run_method(build_method("autoregressive", tiny_model), batch, RecordFile(tmp_path / "g.jsonl", "k"), "g")
+    method = build_method("self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 2})
+    records = run_method(method, batch, RecordFile(tmp_path / "s.jsonl", "k"), "s")
+    summary = summarize(batch.task, method, batch.samples, records, greedy)
+    assert summary["correctness"]["num_mismatched"] == 0
+    assert summary["correctness"]["exact_claimed"] is True
+    assert summary["speed"]["speedup_vs_greedy"] > 0
+    assert 0 <= summary["speed"]["acceptance_rate"] <= 1
+    assert summary["quality"]["length"] > 0
+
+
+def test_inexact_method_reports_mismatches(tiny_model, tmp_path):
+    batch = make_batch()
+    greedy = run_method(build_method("autoregressive", tiny_model), batch, RecordFile(tmp_path / "g.jsonl", "k"), "g")
+    method = build_method("early_exit", tiny_model, {"exit_layer": 1})
+    records = run_method(method, batch, RecordFile(tmp_path / "e.jsonl", "k"), "e")
+    summary = summarize(batch.task, method, batch.samples, records, greedy)
+    assert summary["correctness"]["num_mismatched"] > 0
+    assert summary["correctness"]["first_divergence_min"] is not None
+
+
+def test_a_crashing_sample_is_recorded_not_fatal(tiny_model, tmp_path):
+    batch = make_batch(explode_at=1)
+    method = build_method("autoregressive", tiny_model)
+    records = run_method(method, batch, RecordFile(tmp_path / "g.jsonl", "k"), "g")
+    summary = summarize(batch.task, method, batch.samples, records, None)
+    assert summary["num_failed"] == 1
+    assert "scorer crashed" in summary["errors"][0]
+
+
+def test_records_resume_and_reset_on_new_settings(tiny_model, tmp_path):
+    path = tmp_path / "g.jsonl"
+    batch = make_batch()
+    method = build_method("autoregressive", tiny_model)
+    run_method(method, batch, RecordFile(path, "key1"), "g")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + '\n{"index": 2, "tok')  # a kill mid-write: torn last line
+    calls = []
+    original = method.generate
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    method.generate = counting  # type: ignore[method-assign]
+    resumed = RecordFile(path, "key1")
+    assert sorted(resumed.records) == [0, 1]
+    run_method(method, batch, resumed, "g")
+    assert len(calls) == 2  # one warm-up + the one missing sample
+    assert [json.loads(line).get("index") for line in path.read_text().splitlines()[1:]] == [0, 1, 2]
+    assert RecordFile(path, "key2").records == {}
+
+
+@pytest.mark.parametrize("name", ["cnndm", "humaneval", "mbpp", "topv2"])
+def test_registered_tasks_build_prompts(name):
+    from exitbench.tasks.registry import build_task
+
+    task = build_task(name)
+    rows = {
+        "cnndm": [{"id": str(i), "article": f"Article {i}.", "highlights": f"h{i}\nx"} for i in range(25)],
+        "humaneval": [
+            {
+                "task_id": "H/0",
+                "prompt": "def f():\n",
+                "canonical_solution": "    return 1\n",
+                "test": "def check(f):\n    assert f() == 1\n",
+                "entry_point": "f",
+            }
+        ],
+        "mbpp": [
+            {
+                "task_id": 11,
+                "text": "Return 1.",
+                "code": "def f():\n    return 1",
+                "test_list": ["assert f() == 1"],
+                "test_setup_code": "",
+                "challenge_test_list": [],
+            }
+        ],
+        "topv2": [{"domain": "alarm", "utterance": "wake me at 7", "semantic_parse": "[IN:CREATE_ALARM ]"}],
+    }[name]
+    task.set_context({"prompt": [dict(rows[0], task_id=2)]} if name == "mbpp" else {})
+    samples = task.samples(rows, 1)
+    assert samples[0].prompt
+    if name == "cnndm":
+        assert samples[0].prompt.endswith("Article: Article 0.\nSummary:")
+        assert "Article 0." not in samples[0].prompt.split("\n\n")[0]  # the one-shot example is another article
+    if name == "humaneval":
+        assert task.score(samples[0], "    return 1\n")["pass@1"] == 1.0
+        assert task.score(samples[0], "    return 2\n")["pass@1"] == 0.0
+    if name == "topv2":
+        assert task.score(samples[0], " [IN:CREATE_ALARM ] ")["exact_match"] == 1.0
+        assert task.aggregate(samples, [{"exact_match": 1.0}])["per_domain"] == {"alarm": 1.0}
