@@ -1,0 +1,57 @@
+"""After `dvc repro`: assert every stage's outputs exist and parse (used by CI on the smoke profile)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from exitbench import config
+
+
+def expected_files(cfg: config.Config) -> list[Path]:
+    files = [Path("models/base/model_info.json"), Path("models/draft/model_info.json"), Path("data/manifest.json")]
+    files += [Path(f"results/train/{v}.json") for v in cfg.train.variants]
+    files += [Path(f"results/probe/{m}.json") for m in ("base", "layerskip", "calm")]
+    for model in cfg.evaluate.models:
+        for task in cfg.evaluate.tasks:
+            files += [Path(f"results/eval/{model}/{task}/{method}.json") for method in cfg.evaluate.methods]
+    files += [Path("results/bench/sweep.json"), Path("results/bench/sweep.csv")]
+    files += [Path(f"results/calibrate/{m}.json") for m in cfg.calibrate.models]
+    files += [Path("results/README.md"), Path("results/metrics.json"), Path("results/check.md"), Path("results/check.json")]
+    return files
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--profile", default=None)
+    args = parser.parse_args()
+    cfg = config.load("params.yaml", profile=args.profile)
+    problems = []
+    for path in expected_files(cfg):
+        if not path.exists():
+            problems.append(f"missing {path}")
+        elif path.suffix == ".json":
+            try:
+                json.loads(path.read_text())
+            except json.JSONDecodeError as err:
+                problems.append(f"{path} is not valid JSON ({err})")
+    for path in Path("results/eval").rglob("*.json"):
+        summary = json.loads(path.read_text())
+        correctness = summary.get("correctness", {})
+        if correctness.get("exact_claimed") and summary.get("dtype") == "float32" and correctness.get("num_mismatched"):
+            problems.append(f"{path}: an exact method mismatched greedy in float32 ({correctness['num_mismatched']})")
+    check = json.loads(Path("results/check.json").read_text()) if Path("results/check.json").exists() else {}
+    text = json.dumps(check)
+    for figure in ("2.16", "1.82", "2.0"):
+        if figure not in text:
+            problems.append(f"results/check.json has no row for the paper's {figure}x figure")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    print(f"check_outputs: {len(expected_files(cfg))} files checked, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
