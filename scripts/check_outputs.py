@@ -19,7 +19,12 @@ def expected_files(cfg: config.Config) -> list[Path]:
             files += [Path(f"results/eval/{model}/{task}/{method}.json") for method in cfg.evaluate.methods]
     files += [Path("results/bench/sweep.json"), Path("results/bench/sweep.csv")]
     files += [Path(f"results/calibrate/{m}.json") for m in cfg.calibrate.models]
-    files += [Path("results/README.md"), Path("results/metrics.json"), Path("results/check.md"), Path("results/check.json")]
+    files += [
+        Path("results/README.md"),
+        Path("results/metrics.json"),
+        Path("results/check.md"),
+        Path("results/check.json"),
+    ]
     return files
 
 
