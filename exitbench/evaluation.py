@@ -44,6 +44,7 @@ class EvalContext:
     tokenizer: Any
     draft: EarlyExitModel | None
     model_key: str
+    model_info: dict[str, Any]
 
 
 def _model_key(model_dir: Path) -> str:
@@ -66,7 +67,14 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
         if not (draft_dir / "config.json").exists():
             raise ExitbenchError(f"evaluate: method 'speculative' needs {draft_dir}; run `dvc repro prepare_model`")
         draft = load_early_exit_model(draft_dir, cfg.base.dtype, cfg.base.device)
-    return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir))
+    info_path = model_dir / "model_info.json"
+    info = json.loads(info_path.read_text()) if info_path.exists() else {}
+    model_info = {
+        "num_parameters": info.get("num_parameters", sum(p.numel() for p in model.hf.parameters())),
+        "num_layers": model.num_layers,
+        "source": info.get("source"),
+    }
+    return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir), model_info)
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
@@ -274,7 +282,9 @@ def evaluate_model_task(
             greedy_records = done
         summary = summarize(task, method, samples, done, greedy_records)
         summary.update(task=task_name, method=name, model=ctx.name, options=options, dtype=cfg.base.dtype)
+        summary["model_info"] = ctx.model_info
         summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
+        summary["provenance"]["num_parameters"] = ctx.model_info["num_parameters"]
         atomic_write_json(target / f"{name}.json", summary)
         summaries[name] = summary
     return summaries

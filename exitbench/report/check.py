@@ -1,0 +1,449 @@
+"""The `check` stage: a verdict for every published figure against what this profile measured.
+
+For each replication row, the matching measurements (same task and method; for CALM, the calibrated
+threshold of the same task and confidence measure) give one verdict per measured model:
+
+- ``reproduced``: ``|ours / reported - 1| <= tolerance`` (relative, on speed-up; exactly at the
+  tolerance counts as reproduced);
+- ``not reproduced``: outside the tolerance; the ratio is shown;
+- ``not comparable``: the setting differs in a way that makes the numbers incomparable (hardware kind,
+  model size beyond a factor of 1.5, architecture, or a size that is not recorded); our figure and the
+  ratio are still shown, with the reason;
+- ``not measured``: no result for that task/method in this profile (or an ablation exitbench does not run).
+
+A scientific miss is a result, not a failure: the check only raises for broken inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from exitbench.replications import Paper, Row, Setting, short_name
+from exitbench.report.results import Calibration, CalibrationRow, EvalResult, Provenance, Results
+
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+NOT_COMPARABLE = "not comparable"
+NOT_MEASURED = "not measured"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE, NOT_MEASURED)
+
+SIZE_FACTOR = 1.5  # models within this factor of the paper's parameter count count as the same size
+_EDGE = 1e-9  # floating-point slack so that exactly-at-tolerance is reproduced
+
+_GPU_WORDS = ("nvidia", "cuda", "gpu", "tesla", "geforce", "rtx", "a100", "h100", "h200", "instinct", "radeon")
+
+
+@dataclass(frozen=True)
+class OurSetting:
+    """What one of our measurements ran on, as far as its result file records it."""
+
+    device: str
+    hardware_kind: str  # cpu | gpu | tpu | unknown
+    num_parameters: float | None
+    architecture: str = "decoder-only"
+
+    def describe(self) -> str:
+        size = format_params(self.num_parameters) if self.num_parameters else "size not recorded"
+        return f"{size}, {self.device}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One comparison of a published figure with one of our measurements."""
+
+    row_id: str
+    paper: str
+    source: str
+    headline: bool
+    task: str
+    method: str
+    paper_setting: str
+    reported: float | None
+    reported_derived: bool
+    tolerance: float
+    model: str | None
+    ours: float | None
+    ratio: float | None
+    verdict: str
+    our_setting: str
+    our_source: str
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def hardware_kind(device: str) -> str:
+    """'gpu', 'tpu', 'cpu' or 'unknown' from a recorded device name (e.g. 'NVIDIA H200', 'AMD EPYC 7R13')."""
+    text = device.strip().lower()
+    if text in ("", "unknown", "?", "none"):
+        return "unknown"
+    if "tpu" in text:
+        return "tpu"
+    if any(word in text for word in _GPU_WORDS):
+        return "gpu"
+    return "cpu"
+
+
+def format_params(count: float | None) -> str:
+    if count is None:
+        return "?"
+    if count >= 1e9:
+        return f"{count / 1e9:.3g}B"
+    return f"{count / 1e6:.3g}M"
+
+
+def _params_from_name(text: Any) -> float | None:
+    """A parameter count read from a model id such as 'SmolLM2-135M' or 'layerskip-llama2-7B'."""
+    if not isinstance(text, str):
+        return None
+    match = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([mMbB])(?![a-zA-Z])", text)
+    if not match:
+        return None
+    return float(match.group(1)) * (1e9 if match.group(2).lower() == "b" else 1e6)
+
+
+def num_parameters(provenance: Provenance, *more: Any) -> float | None:
+    """The model's parameter count from the result file: explicit counts first, then model ids."""
+    for value in (*more, provenance.extra("num_parameters"), provenance.extra("num_params")):
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    for key in ("model_id", "hub_id", "model_source", "model_name"):
+        found = _params_from_name(provenance.extra(key))
+        if found:
+            return found
+    return None
+
+
+def our_setting_of_eval(result: EvalResult) -> OurSetting:
+    info = result.model_info or {}
+    count = num_parameters(result.provenance, result.num_parameters, info.get("num_parameters"))
+    if count is None:
+        count = _params_from_name(info.get("source")) or _params_from_name(info.get("hub_id"))
+    return OurSetting(result.provenance.device, hardware_kind(result.provenance.device), count)
+
+
+def our_setting_of_calibration(calibration: Calibration) -> OurSetting:
+    prov = calibration.provenance
+    return OurSetting(prov.device, hardware_kind(prov.device), num_parameters(prov))
+
+
+def speedup_verdict(ours: float, reported: float, tolerance: float) -> tuple[str, float]:
+    """``reproduced`` if ``|ours / reported - 1| <= tolerance`` (the edge included), else ``not reproduced``."""
+    ratio = ours / reported
+    return (REPRODUCED if abs(ratio - 1.0) <= tolerance + _EDGE else NOT_REPRODUCED), ratio
+
+
+def incomparability(setting: Setting, ours: OurSetting) -> list[str]:
+    """Why our measurement cannot be held to the paper's figure; empty when it can."""
+    reasons = []
+    if setting.architecture != ours.architecture:
+        reasons.append(f"architecture: the paper's model is {setting.architecture}, exitbench runs {ours.architecture}")
+    if ours.hardware_kind == "unknown":
+        reasons.append("hardware: our device is not recorded (provenance.device)")
+    elif ours.hardware_kind != setting.hardware_kind:
+        reasons.append(
+            f"hardware: paper on {short_name(setting.hardware)} ({setting.hardware_kind.upper()}), "
+            f"ours on {ours.device} ({ours.hardware_kind.upper()})"
+        )
+    if setting.params_b is None:
+        reasons.append("model size: the paper does not state it")
+    elif ours.num_parameters is None:
+        reasons.append("model size: ours is not recorded (add num_parameters to the result's provenance)")
+    else:
+        ratio = ours.num_parameters / (setting.params_b * 1e9)
+        if not 1.0 / SIZE_FACTOR <= ratio <= SIZE_FACTOR:
+            factor = 1 / ratio if ratio < 1 else ratio
+            shown = f"{factor:.1f}" if factor < 10 else f"{factor:.0f}"
+            direction = f"{shown}x {'smaller' if ratio < 1 else 'larger'}"
+            reasons.append(
+                f"model size: ours {format_params(ours.num_parameters)} vs paper "
+                f"{format_params(setting.params_b * 1e9)} ({direction})"
+            )
+    return reasons
+
+
+def _config_notes(row: Row, options: dict[str, Any]) -> list[str]:
+    notes = []
+    for key, label in (("exit_layer", "E"), ("num_speculations", "d")):
+        paper_value = getattr(row.setting, key)
+        ours = options.get(key)
+        if paper_value is not None and ours is not None and ours != paper_value:
+            notes.append(f"{label} differs: ours {ours}, paper {paper_value}")
+    return notes
+
+
+def _row_notes(row: Row, derived: bool) -> list[str]:
+    notes = []
+    if derived:
+        notes.append(f"paper figure derived by us ({row.reported.derived_from})")
+    if row.unverified:
+        notes.append(f"row partly unverified ({', '.join(row.unverified_fields) or 'see notes'})")
+    return notes
+
+
+def _describe_ours(ours: OurSetting, options: dict[str, Any] | None = None) -> str:
+    text = ours.describe()
+    if options:
+        config = " ".join(f"{'E' if k == 'exit_layer' else 'd' if k == 'num_speculations' else k}={v}"
+                          for k, v in sorted(options.items()))
+        text = f"{config}; {text}"
+    return text
+
+
+def _verdict(
+    row: Row,
+    paper: Paper,
+    tolerance: float,
+    *,
+    model: str | None,
+    ours: float | None,
+    ours_setting: OurSetting | None,
+    our_setting_text: str,
+    our_source: str,
+    extra_reasons: list[str] | None = None,
+    extra_notes: list[str] | None = None,
+) -> Verdict:
+    reported = row.paper_speedup
+    value, derived = reported if reported else (None, False)
+    reasons = list(extra_reasons or [])
+    notes = _row_notes(row, derived) + list(extra_notes or [])
+    ratio = None
+    if value is None:
+        verdict = NOT_MEASURED
+        reasons.append("the paper reports no speed-up for this row")
+    elif ours is None:
+        verdict = NOT_MEASURED
+    else:
+        verdict, ratio = speedup_verdict(ours, value, tolerance)
+        if ours_setting is not None:
+            reasons.extend(incomparability(row.setting, ours_setting))
+        if reasons:
+            verdict = NOT_COMPARABLE
+    return Verdict(
+        row_id=row.id,
+        paper=paper.id,
+        source=f"{row.source.table}: {row.source.row}",
+        headline=row.headline,
+        task=row.maps_to.task,
+        method=row.maps_to.method,
+        paper_setting=row.label,
+        reported=value,
+        reported_derived=derived,
+        tolerance=tolerance,
+        model=model,
+        ours=ours,
+        ratio=ratio,
+        verdict=verdict,
+        our_setting=our_setting_text,
+        our_source=our_source,
+        reasons=tuple(reasons),
+        notes=tuple(notes),
+    )
+
+
+def _not_measured(row: Row, paper: Paper, tolerance: float, why: str) -> Verdict:
+    return _verdict(row, paper, tolerance, model=None, ours=None, ours_setting=None, our_setting_text="",
+                    our_source="", extra_reasons=[why])
+
+
+def _pick_calibration_row(rows: list[CalibrationRow], delta: float | None) -> CalibrationRow:
+    """The row whose δ is closest to the paper's; CALM's own KV handling (state propagation) first."""
+    def key(r: CalibrationRow) -> tuple[float, int, str]:
+        distance = abs(r.delta - delta) if delta is not None else 0.0
+        return (distance, 0 if r.kv_strategy == "propagate" else 1, r.kv_strategy)
+
+    return min(rows, key=key)
+
+
+def _check_calm(row: Row, paper: Paper, results: Results, tolerance: float) -> list[Verdict]:
+    verdicts = []
+    for calibration in results.calibrations:
+        matching = [
+            r for r in calibration.rows
+            if r.task == row.maps_to.task and (row.maps_to.measure is None or r.measure == row.maps_to.measure)
+        ]
+        if not matching:
+            continue
+        chosen = _pick_calibration_row(matching, row.maps_to.delta)
+        setting = our_setting_of_calibration(calibration)
+        notes = [f"ours: {chosen.measure}, KV {chosen.kv_strategy}, δ={chosen.delta:g}, threshold {chosen.threshold}"]
+        if row.maps_to.delta is not None and not math.isclose(chosen.delta, row.maps_to.delta):
+            notes.append(f"δ differs: ours {chosen.delta:g}, paper {row.maps_to.delta:g} (closest calibrated δ)")
+        consistency = chosen.consistency or calibration.consistency
+        if consistency is None:
+            notes.append("our consistency objective (textual/risk) is not recorded in the calibration result")
+        elif row.setting.consistency and consistency != row.setting.consistency:
+            notes.append(f"consistency differs: ours {consistency}, paper {row.setting.consistency}")
+        if chosen.speedup_vs_greedy is None:
+            why = f"speedup_vs_greedy is null in {calibration.source_file}"
+            verdicts.append(_not_measured(row, paper, tolerance, why))
+            continue
+        verdicts.append(_verdict(
+            row, paper, tolerance, model=calibration.model, ours=chosen.speedup_vs_greedy, ours_setting=setting,
+            our_setting_text=setting.describe(), our_source=calibration.source_file, extra_notes=notes,
+        ))
+    return verdicts
+
+
+def _check_eval(row: Row, paper: Paper, results: Results, tolerance: float) -> list[Verdict]:
+    verdicts = []
+    for result in results.evals:
+        if result.task != row.maps_to.task or result.method != row.maps_to.method:
+            continue
+        setting = our_setting_of_eval(result)
+        options = {k: v for k, v in result.options.items() if k in ("exit_layer", "num_speculations")}
+        if result.speed.speedup_vs_greedy is None:
+            verdicts.append(_not_measured(row, paper, tolerance, f"speedup_vs_greedy is null in {result.source_file}"))
+            continue
+        verdicts.append(_verdict(
+            row, paper, tolerance, model=result.model, ours=result.speed.speedup_vs_greedy, ours_setting=setting,
+            our_setting_text=_describe_ours(setting, options), our_source=result.source_file,
+            extra_notes=_config_notes(row, result.options),
+        ))
+    return verdicts
+
+
+def check_row(row: Row, paper: Paper, results: Results, default_tolerance: float) -> list[Verdict]:
+    """Every verdict for one replication row (at least one)."""
+    tolerance = row.tolerance_or(default_tolerance)
+    if row.maps_to.ablation:
+        why = f"exitbench does not run the paper's '{row.maps_to.ablation}' ablation (kept for reference)"
+        return [_not_measured(row, paper, tolerance, why)]
+    verdicts = []
+    if row.maps_to.method == "calm":
+        verdicts = _check_calm(row, paper, results, tolerance)
+    if not verdicts:
+        verdicts = _check_eval(row, paper, results, tolerance)
+    if not verdicts:
+        where = "results/calibrate or " if row.maps_to.method == "calm" else ""
+        why = f"no result for task '{row.maps_to.task}' with method '{row.maps_to.method}' ({where}results/eval)"
+        verdicts = [_not_measured(row, paper, tolerance, why)]
+    return verdicts
+
+
+def run_check(papers: tuple[Paper, ...], results: Results, default_tolerance: float) -> list[Verdict]:
+    return [v for paper in papers for row in paper.rows for v in check_row(row, paper, results, default_tolerance)]
+
+
+def summarize(verdicts: list[Verdict]) -> dict[str, int]:
+    return {name: sum(v.verdict == name for v in verdicts) for name in VERDICTS}
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+def _x(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}x"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _paper_figure(v: Verdict) -> str:
+    if v.reported is None:
+        return "–"
+    return _x(v.reported) + (" (derived)" if v.reported_derived else "")
+
+
+def _why(v: Verdict) -> str:
+    return _cell("; ".join([*v.reasons, *v.notes])) or "–"
+
+
+def _verdict_table(verdicts: list[Verdict]) -> list[str]:
+    lines = [
+        "| row | source | paper setting | paper | our model | ours | ours/paper | tol. | verdict | why / notes |",
+        "|---|---|---|---:|---|---:|---:|---:|---|---|",
+    ]
+    for v in verdicts:
+        model = f"{v.model} ({_cell(v.our_setting)})" if v.model else "–"
+        ratio = "–" if v.ratio is None else f"{v.ratio:.2f}"
+        lines.append(
+            f"| `{v.row_id}`{' ★' if v.headline else ''} | {_cell(v.source)} | {_cell(v.paper_setting)} "
+            f"| {_paper_figure(v)} | {model} | {_x(v.ours)} | {ratio} | ±{v.tolerance:.0%} "
+            f"| **{v.verdict}** | {_why(v)} |"
+        )
+    return lines
+
+
+def render_markdown(
+    verdicts: list[Verdict], papers: tuple[Paper, ...], default_tolerance: float, profile: str
+) -> str:
+    counts = summarize(verdicts)
+    lines = [
+        "# Replication check",
+        "",
+        f"Profile `{profile}` · default tolerance ±{default_tolerance:.0%} on speed-up (relative) · "
+        "generated by `pipelines/check.py` from `results/` and `replications/*.yaml`.",
+        "",
+        "**Verdict rules.** `reproduced`: |ours / paper − 1| ≤ tolerance (exactly at the tolerance counts). "
+        "`not reproduced`: outside it. `not comparable`: different hardware kind (CPU vs GPU vs TPU), a model "
+        f"size more than {SIZE_FACTOR}x away from the paper's (or not recorded), or a different architecture — "
+        "our figure and the ratio are shown anyway. `not measured`: this profile has no result for the row's "
+        "task and method. A miss is a result: this check never fails on one. ★ = a figure from the abstract.",
+        "",
+        "Summary: " + " · ".join(f"{name}: {counts[name]}" for name in VERDICTS),
+        "",
+        "## Headline figures",
+        "",
+        *_verdict_table([v for v in verdicts if v.headline]),
+        "",
+    ]
+    for paper in papers:
+        lines += [
+            f"## {paper.title} ({paper.venue})",
+            "",
+            f"arXiv:{paper.arxiv}, figures read from {paper.version}.",
+            "",
+            *_verdict_table([v for v in verdicts if v.paper == paper.id]),
+            "",
+            "Caveats from the paper:",
+            "",
+            *[f"- {_cell(c)}" for c in paper.caveats],
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _flat(v: Verdict) -> dict[str, Any]:
+    """One verdict as scalars (reasons and notes joined)."""
+    data = asdict(v)
+    data["reasons"] = "; ".join(v.reasons)
+    data["notes"] = "; ".join(v.notes)
+    return data
+
+
+def check_json(verdicts: list[Verdict], default_tolerance: float, profile: str) -> dict[str, Any]:
+    """``check.json``: counts and headline comparisons (what ``dvc metrics show`` displays) and every verdict
+    as a list (which ``dvc metrics show`` leaves out). Keys are ``<row id>/<our model>``."""
+    def key(v: Verdict) -> str:
+        return f"{v.row_id}/{v.model or '-'}"
+
+    return {
+        "profile": profile,
+        "default_tolerance": default_tolerance,
+        "summary": summarize(verdicts),
+        "headline": {key(v): {"paper": v.reported, "ours": _round(v.ours), "ratio": _round(v.ratio),
+                              "verdict": v.verdict} for v in verdicts if v.headline},
+        "verdicts": [_flat(v) for v in verdicts],
+    }
+
+
+def write_check(
+    verdicts: list[Verdict], papers: tuple[Paper, ...], out_dir: str | Path, default_tolerance: float, profile: str
+) -> tuple[Path, Path]:
+    """Write ``check.md`` and ``check.json`` to ``out_dir``; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path, json_path = out_dir / "check.md", out_dir / "check.json"
+    md_path.write_text(render_markdown(verdicts, papers, default_tolerance, profile) + "\n")
+    json_path.write_text(json.dumps(check_json(verdicts, default_tolerance, profile), indent=2) + "\n")
+    return md_path, json_path

@@ -1,0 +1,365 @@
+"""Read and validate the result files the pipeline writes under ``results/``.
+
+The report and check stages only read JSON; they never load a model or import torch. Optional stages
+(sweep, probe, calibration, cost model, training) may be absent: their loaders return nothing and the
+report says "not run". A file that is present but malformed is one :class:`ExitbenchError` line naming
+the file, the field and what was expected. Unknown extra keys are ignored (writers may add fields);
+``provenance`` keeps its extra keys (e.g. ``num_parameters``), which the check reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from exitbench.errors import ExitbenchError
+from exitbench.replications import pydantic_error_line
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class _Lenient(BaseModel):
+    """Result records: frozen; keys the reader does not use are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Provenance(BaseModel):
+    """Where a number was measured. Extra keys (python, dtype, num_parameters, ...) are kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    git_commit: str
+    device: str
+    date: str
+    command: str
+    threads: int | None = Field(None, ge=0)
+    profile: str | None = None
+    params_hash: str | None = None
+    torch: str | None = None
+    transformers: str | None = None
+
+    def extra(self, key: str) -> Any:
+        return (self.model_extra or {}).get(key)
+
+    @property
+    def short_commit(self) -> str:
+        return self.git_commit[:12] + ("+dirty" if self.git_commit.endswith("+dirty") else "")
+
+
+class Speed(_Lenient):
+    time_per_token_ms: float = Field(ge=0)
+    speedup_vs_greedy: float | None = Field(gt=0)
+    acceptance_rate: float | None = Field(ge=0, le=1)
+    tokens_per_round: float | None = Field(None, ge=0)
+    ideal_fraction: float | None = Field(None, ge=0)
+    avg_exit_layer: float | None = Field(None, ge=0)
+
+
+class Correctness(_Lenient):
+    exact_claimed: bool
+    num_mismatched: int | None = Field(None, ge=0)
+    mismatch_rate: float | None = Field(None, ge=0, le=1)
+    first_divergence_mean: float | None = Field(None, ge=0)
+    num_compared: int | None = Field(None, ge=0)
+
+
+class EvalResult(_Lenient):
+    """``results/eval/<model>/<task>/<method>.json``."""
+
+    task: str
+    method: str
+    model: str
+    options: dict[str, Any] = {}
+    num_samples: int = Field(ge=0)
+    num_failed: int = Field(0, ge=0)
+    quality: dict[str, float | dict[str, float] | None]
+    speed: Speed
+    correctness: Correctness
+    dtype: str
+    provenance: Provenance
+    num_parameters: int | None = Field(None, ge=1)
+    model_info: dict[str, Any] | None = None
+    source_file: str = ""
+
+    @model_validator(mode="after")
+    def _failed_at_most_all(self) -> EvalResult:
+        if self.num_failed > self.num_samples:
+            raise ValueError(f"num_failed ({self.num_failed}) is larger than num_samples ({self.num_samples})")
+        return self
+
+    def scalar_quality(self) -> dict[str, float]:
+        """The quality metrics that are single numbers (``per_domain`` and nulls left out)."""
+        return {k: v for k, v in self.quality.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+class SweepRow(_Lenient):
+    model: str
+    dtype: str
+    method: str
+    exit_layer: int | None = Field(None, ge=0)
+    num_speculations: int | None = Field(None, ge=1)
+    time_per_token_ms: float = Field(ge=0)
+    iqr_ms: float | None = Field(None, ge=0)
+    speedup_vs_greedy: float | None = Field(None, gt=0)
+    acceptance_rate: float | None = Field(None, ge=0, le=1)
+    tokens_per_round: float | None = Field(None, ge=0)
+    c_draft: float | None = Field(None, gt=0)
+    c_verify: float | None = Field(None, gt=0)
+    ideal_speedup: float | None = Field(None, gt=0)
+    ideal_fraction: float | None = Field(None, ge=0)
+    exact: bool | None = None
+    num_mismatched: int | None = Field(None, ge=0)
+    num_prompts: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1)
+
+
+class Sweep(_Lenient):
+    """``results/bench/sweep.json``."""
+
+    rows: tuple[SweepRow, ...]
+    provenance: Provenance
+    task: str | None = Field(None, description="the task whose prompts were timed (bench.task)")
+    source_file: str = ""
+
+
+class ProbeCurves(_Lenient):
+    """One probe text's per-layer curves (the probe stage writes ``top1_agreement``)."""
+
+    agreement: tuple[float, ...] = Field(min_length=1, validation_alias=AliasChoices("agreement", "top1_agreement"))
+    median_rank: tuple[float, ...] = ()
+    confidence: tuple[float, ...] = ()
+
+    @model_validator(mode="after")
+    def _same_length(self) -> ProbeCurves:
+        if any(not 0.0 <= a <= 1.0 for a in self.agreement):
+            raise ValueError("agreement values must be fractions in [0, 1]")
+        for name in ("median_rank", "confidence"):
+            values = getattr(self, name)
+            if values and len(values) != len(self.agreement):
+                raise ValueError(f"{name} has {len(values)} layers but agreement has {len(self.agreement)}")
+        return self
+
+
+class Probe(_Lenient):
+    """``results/probe/<model>.json``: per-layer readability of the shared LM head."""
+
+    model: str
+    num_layers: int = Field(ge=1)
+    texts: dict[str, ProbeCurves] = Field(min_length=1)
+    provenance: Provenance
+    source_file: str = ""
+
+
+class CalibrationRow(_Lenient):
+    """One calibrated threshold. Accepts the calibrate stage's names (``calibration_mean_risk``, and a
+    ``quality: {calm, greedy}`` block from which ``quality_vs_greedy`` = calm / greedy is derived)."""
+
+    task: str
+    measure: str
+    kv_strategy: str
+    delta: float = Field(gt=0, lt=1)
+    threshold: float | None = None
+    calibration_risk: float | None = Field(None, validation_alias=AliasChoices("calibration_risk",
+                                                                              "calibration_mean_risk"))
+    test_risk: float | None = None
+    risk_ok: bool | None = None
+    avg_exit_layer: float | None = Field(None, ge=0)
+    speedup_vs_greedy: float | None = Field(None, gt=0)
+    quality_vs_greedy: float | None = None
+    consistency: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _quality_ratio(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "quality_vs_greedy" not in data and isinstance(data.get("quality"), dict):
+            calm, greedy = data["quality"].get("calm"), data["quality"].get("greedy")
+            if isinstance(calm, int | float) and isinstance(greedy, int | float) and greedy > 0:
+                data = {**data, "quality_vs_greedy": calm / greedy}
+        return data
+
+
+class CalibrationCurve(_Lenient):
+    """Risk and speed-up over the threshold grid (the calibrate stage writes the calibration-split mean risk
+    as ``calibration_mean_risk`` and the speed-up as ``speedup_vs_greedy``)."""
+
+    task: str
+    measure: str
+    kv_strategy: str
+    thresholds: tuple[float, ...] = Field(min_length=1)
+    risk: tuple[float | None, ...] = Field(validation_alias=AliasChoices("risk", "calibration_mean_risk"))
+    speedup: tuple[float | None, ...] = Field(validation_alias=AliasChoices("speedup", "speedup_vs_greedy"))
+
+    @model_validator(mode="after")
+    def _same_length(self) -> CalibrationCurve:
+        n = len(self.thresholds)
+        for name in ("risk", "speedup"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} values but thresholds has {n}")
+        return self
+
+
+class Calibration(_Lenient):
+    """``results/calibrate/<model>.json``: CALM thresholds calibrated per task, measure and KV strategy.
+
+    ``rows`` may be named ``results``; a top-level ``risk`` ("textual" or "risk") is the consistency objective.
+    """
+
+    model: str
+    rows: tuple[CalibrationRow, ...] = Field(validation_alias=AliasChoices("rows", "results"))
+    curves: tuple[CalibrationCurve, ...] = ()
+    consistency: str | None = Field(None, validation_alias=AliasChoices("consistency", "risk"))
+    provenance: Provenance
+    source_file: str = ""
+
+
+class CostShape(_Lenient):
+    c_draft: dict[int, float]
+    c_verify: dict[str, float]
+
+    @field_validator("c_verify")
+    @classmethod
+    def _keys_are_e_comma_d(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [key for key in value if not re.fullmatch(r"\d+,\d+", key.replace(" ", ""))]
+        if bad:
+            raise ValueError(f"keys must be 'E,d' (e.g. '8,12'), got {bad[0]!r}")
+        return {key.replace(" ", ""): cost for key, cost in value.items()}
+
+    def verify(self, exit_layer: int, num_speculations: int) -> float | None:
+        return self.c_verify.get(f"{exit_layer},{num_speculations}")
+
+
+class CostModel(_Lenient):
+    """``results/cost_model/*.json``: measured draft/verify costs per model shape."""
+
+    device: str
+    dtype: str
+    shapes: dict[str, CostShape]
+    provenance: Provenance
+    source_file: str = ""
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """``results/train/<variant>.json``: shown as reported (any JSON object)."""
+
+    variant: str
+    data: dict[str, Any]
+    source_file: str
+
+
+@dataclass(frozen=True)
+class Results:
+    """Everything under one results directory; absent optional stages are empty."""
+
+    root: Path
+    evals: tuple[EvalResult, ...]
+    sweep: Sweep | None
+    probes: tuple[Probe, ...]
+    calibrations: tuple[Calibration, ...]
+    cost_models: tuple[CostModel, ...]
+    trains: tuple[TrainReport, ...]
+
+    def eval_models(self) -> list[str]:
+        return sorted({r.model for r in self.evals})
+
+    def eval_tasks(self) -> list[str]:
+        return sorted({r.task for r in self.evals})
+
+
+def read_json(path: Path) -> Any:
+    """Parse one JSON file; a read or syntax error is one line naming the file and position."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ExitbenchError(f"{path}: cannot be read ({err.strerror})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ExitbenchError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+
+
+def _display_name(path: Path, root: Path) -> str:
+    """``results/eval/base/cnndm/greedy.json`` style: the results directory's name plus the relative path."""
+    try:
+        return (Path(root.name) / path.relative_to(root)).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _parse(model: type[Model], path: Path, root: Path) -> Model:
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ExitbenchError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+    data = {**data, "source_file": _display_name(path, root)}
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ExitbenchError(pydantic_error_line(err, str(path))) from None
+
+
+def _check_path_matches(result: EvalResult, path: Path) -> None:
+    expected = {"model": path.parent.parent.name, "task": path.parent.name, "method": path.stem}
+    for key, value in expected.items():
+        if getattr(result, key) != value:
+            raise ExitbenchError(
+                f"{path}: '{key}' is {getattr(result, key)!r} but the path says {value!r} "
+                "(expected eval/<model>/<task>/<method>.json)"
+            )
+
+
+def load_evals(root: Path) -> tuple[EvalResult, ...]:
+    results = []
+    for path in sorted((root / "eval").glob("*/*/*.json")):
+        result = _parse(EvalResult, path, root)
+        _check_path_matches(result, path)
+        results.append(result)
+    return tuple(results)
+
+
+def load_sweep(root: Path) -> Sweep | None:
+    path = root / "bench" / "sweep.json"
+    return _parse(Sweep, path, root) if path.exists() else None
+
+
+def load_probes(root: Path) -> tuple[Probe, ...]:
+    return tuple(_parse(Probe, path, root) for path in sorted((root / "probe").glob("*.json")))
+
+
+def load_calibrations(root: Path) -> tuple[Calibration, ...]:
+    return tuple(_parse(Calibration, path, root) for path in sorted((root / "calibrate").glob("*.json")))
+
+
+def load_cost_models(root: Path) -> tuple[CostModel, ...]:
+    return tuple(_parse(CostModel, path, root) for path in sorted((root / "cost_model").glob("*.json")))
+
+
+def load_trains(root: Path) -> tuple[TrainReport, ...]:
+    reports = []
+    for path in sorted((root / "train").glob("*.json")):
+        data = read_json(path)
+        if not isinstance(data, dict):
+            raise ExitbenchError(f"{path}: expected a JSON object (a training report), got {type(data).__name__}")
+        reports.append(TrainReport(path.stem, data, _display_name(path, root)))
+    return tuple(reports)
+
+
+def load_results(root: str | Path) -> Results:
+    """Load and validate every result file under ``root``; the directory itself must exist."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ExitbenchError(f"{root}: results directory not found; run the pipeline (`dvc repro`) first")
+    return Results(
+        root=root,
+        evals=load_evals(root),
+        sweep=load_sweep(root),
+        probes=load_probes(root),
+        calibrations=load_calibrations(root),
+        cost_models=load_cost_models(root),
+        trains=load_trains(root),
+    )

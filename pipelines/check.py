@@ -1,0 +1,42 @@
+"""Stage `check`: every published figure in replications/*.yaml vs this profile's results -> check.md/.json.
+
+A figure that is not reproduced is a result (exit 0); only a broken input (missing results directory,
+malformed result or replication file) fails, with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from exitbench.config import load_stage
+from exitbench.errors import ExitbenchError
+from exitbench.replications import load_replications
+from exitbench.report.check import run_check, summarize, write_check
+from exitbench.report.results import load_results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="build/config/check.json")
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--replications", default="replications")
+    parser.add_argument("--out", default="results")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_stage(args.config)
+        papers = load_replications(args.replications)
+        results = load_results(args.results)
+        tolerance = cfg.check.default_tolerance
+        verdicts = run_check(papers, results, tolerance)
+        md_path, json_path = write_check(verdicts, papers, args.out, tolerance, cfg.profile)
+    except ExitbenchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{name}: {n}" for name, n in summarize(verdicts).items())
+    print(f"check: {len(verdicts)} verdicts ({counts}) -> {md_path}, {json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""The report stage: result files -> README tables, CSV, metrics.json and plots (from fixture results)."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exitbench.errors import ExitbenchError
+from exitbench.replications import load_replications
+from exitbench.report.plots import write_plots
+from exitbench.report.results import load_results
+from exitbench.report.tables import render_readme, write_text_outputs
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "results"
+PAPERS = load_replications(REPO / "replications")
+
+
+@pytest.fixture()
+def results_copy(tmp_path: Path) -> Path:
+    """A writable copy of the fixture results, named ``results`` like the real directory."""
+    target = tmp_path / "results"
+    shutil.copytree(FIXTURES, target)
+    return target
+
+
+def _edit(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_fixtures_load_every_stage() -> None:
+    results = load_results(FIXTURES)
+    assert len(results.evals) == 12
+    assert results.eval_models() == ["base", "layerskip"]
+    assert results.eval_tasks() == ["cnndm", "humaneval", "topv2"]
+    assert results.sweep is not None and len(results.sweep.rows) == 26
+    assert [p.model for p in results.probes] == ["base", "layerskip"]
+    assert len(results.calibrations) == 1 and len(results.cost_models) == 1 and len(results.trains) == 1
+    assert results.evals[0].provenance.extra("num_parameters") == 134515008
+
+
+def test_fixture_field_names_and_documented_names_both_load(results_copy: Path) -> None:
+    """Fixtures use the stage writers' names; the documented ones (agreement, rows, risk, ...) load too."""
+    before = load_results(results_copy)
+    cal = before.calibrations[0]
+    assert cal.consistency == "textual"  # the top-level "risk" objective
+    assert cal.rows[0].calibration_risk == 0.054 and cal.rows[0].quality_vs_greedy == pytest.approx(0.946)
+
+    def documented_probe(d: dict) -> None:
+        for curve in d["texts"].values():
+            curve["agreement"] = curve.pop("top1_agreement")
+
+    def documented_calibration(d: dict) -> None:
+        d["rows"] = d.pop("results")
+        d.pop("risk")
+        for row in d["rows"]:
+            row["calibration_risk"] = row.pop("calibration_mean_risk")
+            row["quality_vs_greedy"] = 0.5
+            row.pop("quality")
+        for curve in d["curves"]:
+            curve["risk"], curve["speedup"] = curve.pop("calibration_mean_risk"), curve.pop("speedup_vs_greedy")
+
+    _edit(results_copy / "probe" / "base.json", documented_probe)
+    _edit(results_copy / "calibrate" / "layerskip.json", documented_calibration)
+    after = load_results(results_copy)
+    assert after.probes[0].texts == before.probes[0].texts
+    assert after.calibrations[0].curves == cal.curves
+    assert after.calibrations[0].rows[0].calibration_risk == cal.rows[0].calibration_risk
+    assert after.calibrations[0].rows[0].quality_vs_greedy == 0.5 and after.calibrations[0].consistency is None
+
+
+def test_readme_eval_table_rows(tmp_path: Path) -> None:
+    readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
+    topv2 = readme.split("### topv2", 1)[1].split("### ", 1)[0]
+    assert (
+        "| method | options | exact_match | ms/token | speed-up | acceptance | tokens/round | ideal fraction | failed "
+        "| exactness |" in topv2
+    )
+    assert "| self_speculative | E=8 d=2 | 0.620 | 14.10 | 1.52x | 71.0% | 2.30 | 0.62 | 0 | exact (10/10) |" in topv2
+    early = "| early_exit | E=15 | 0.440 | 9.80 | 2.18x | – | – | – | 0 | lossy: 9/10 differ, 1st divergence ~3 |"
+    assert early in topv2
+    assert "| self_speculative | E=8 d=2 | 0.558 | 26.00 | 0.81x | 18.0% |" in topv2  # base model: a slow-down
+    # provenance line: model, dtype, samples, hardware, threads, commit, date, command
+    assert ("model `layerskip` · float32 · 10 samples · AMD EPYC 7R13 Processor · 16 threads · commit `0123456789ab` "
+            "· 2026-12-02T14:00:00+00:00 · `evaluate.py --config build/config/evaluate.json`") in topv2
+    assert "| self_speculative | 0.700 | 0.550 |" in topv2  # per-domain exact match
+    assert "layerskip Table 6: Llama 1.5B, H100, E6 d8 · self_speculative **2.00x**" in topv2
+    cnndm = readme.split("### cnndm", 1)[1].split("### ", 1)[0]
+    assert "| method | options | rouge2 | rouge1 | rougeL |" in cnndm  # primary metric first
+    assert "`python pipelines/use_profile.py cpu && dvc repro`" in readme
+
+
+def test_readme_other_sections(tmp_path: Path) -> None:
+    readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
+    assert "- best for `layerskip` (float32): self_speculative E=15 d=1 → **1.16x**" in readme
+    assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 |" in readme
+    assert "| topv2 | layerskip | 0.32 | 0.79 | 0.97 | 1.00 |" in readme  # probe at layers 8, 15, 22, 30
+    assert "| text | model | layer 8 | layer 15 | layer 22 | layer 30 |" in readme
+    assert "| layerskip | cnndm | softmax | propagate | 0.10 | 0.70 |" in readme
+    assert "| curriculum | rotational | gradual |" in readme  # ours vs the paper's TOPv2 recipe
+    assert "| ls-t6-llama-1.5b-topv2-self-spec-e6 | llama-1.5b |" in readme  # cost-model prediction
+
+
+def test_missing_optional_stages_say_not_run(results_copy: Path, tmp_path: Path) -> None:
+    for stage in ("bench", "probe", "calibrate", "cost_model", "train"):
+        shutil.rmtree(results_copy / stage)
+    results = load_results(results_copy)
+    assert results.sweep is None and not results.probes and not results.calibrations
+    readme = render_readme(results, PAPERS, "cpu", [], tmp_path)
+    assert readme.count("_not run in this profile (no result files)._") == 5
+    assert write_plots(results, PAPERS, tmp_path / "plots")  # eval plots are still drawn
+
+
+def test_text_outputs_csv_and_metrics(tmp_path: Path) -> None:
+    written = write_text_outputs(load_results(FIXTURES), PAPERS, tmp_path, "cpu", [])
+    names = {p.relative_to(tmp_path).as_posix() for p in written}
+    assert {"README.md", "metrics.json", "tables/eval.csv", "tables/sweep.csv", "tables/probe.csv",
+            "tables/calibrate.csv", "tables/predicted_vs_reported.csv", "tables/paper_rows.csv"} <= names
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    entry = metrics["eval"]["layerskip/topv2/self_speculative"]
+    assert entry == {"speedup": round(21.4 / 14.1, 4), "ms_per_token": 14.1, "acceptance": 0.71, "exact_match": 0.62}
+    assert metrics["sweep"]["layerskip/float32"]["best_exit_layer"] == 15
+    header = (tmp_path / "tables" / "eval.csv").read_text().splitlines()[0]
+    assert header.startswith("model,task,method,options,dtype,num_samples,num_failed,quality_exact_match")
+
+
+def test_malformed_result_file_is_one_clear_error(results_copy: Path) -> None:
+    path = results_copy / "eval" / "layerskip" / "topv2" / "self_speculative.json"
+    _edit(path, lambda d: d["speed"].update(time_per_token_ms="fast"))
+    with pytest.raises(ExitbenchError) as err:
+        load_results(results_copy)
+    message = str(err.value)
+    assert "\n" not in message
+    assert str(path) in message and "'speed.time_per_token_ms'" in message and "'fast'" in message
+
+
+@pytest.mark.parametrize(
+    ("relative", "change", "expected"),
+    [
+        ("eval/base/topv2/early_exit.json", lambda d: d.pop("correctness"), "'correctness' is missing"),
+        ("eval/base/topv2/early_exit.json", lambda d: d.update(method="self_speculative"),
+         "the path says 'early_exit'"),
+        ("bench/sweep.json", lambda d: d["rows"][3].update(acceptance_rate=1.7), "'rows.3.acceptance_rate'"),
+        ("probe/base.json", lambda d: d["texts"]["code"].update(confidence=[0.5]), "confidence has 1 layers"),
+        ("cost_model/cpu-float32.json", lambda d: d["shapes"]["llama2-7b"]["c_verify"].update({"8-12": 0.8}),
+         "keys must be 'E,d'"),
+        ("calibrate/layerskip.json", lambda d: d["curves"][0].update(risk=[0.1]), "risk has 1 values"),
+    ],
+)
+def test_malformed_fields_name_file_and_field(results_copy: Path, relative: str, change, expected: str) -> None:
+    _edit(results_copy / relative, change)
+    with pytest.raises(ExitbenchError, match=None) as err:
+        load_results(results_copy)
+    assert relative in str(err.value) and expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_invalid_json_and_missing_directory(results_copy: Path, tmp_path: Path) -> None:
+    (results_copy / "train" / "layerskip.json").write_text('{"steps": 3,')
+    with pytest.raises(ExitbenchError, match=r"train/layerskip\.json: not valid JSON \(line 1"):
+        load_results(results_copy)
+    with pytest.raises(ExitbenchError, match="results directory not found"):
+        load_results(tmp_path / "absent")
+
+
+def test_plots_are_written_as_png_and_svg(tmp_path: Path) -> None:
+    files = write_plots(load_results(FIXTURES), PAPERS, tmp_path)
+    pngs = sorted(p.name for p in files if p.suffix == ".png")
+    assert pngs == ["acceptance_vs_exit.png", "calm_cnndm.png", "calm_topv2.png", "readability.png",
+                    "speedup_vs_quality_cnndm.png", "speedup_vs_quality_humaneval.png",
+                    "speedup_vs_quality_topv2.png", "sweep_heatmap.png"]
+    for path in files:
+        assert path.exists() and path.stat().st_size > 0
+        if path.suffix == ".png":
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            assert path.with_suffix(".svg").exists()
+    data = {p.name: p.read_text().splitlines()[0] for p in files if p.suffix == ".csv"}
+    assert data == {
+        "speedup_vs_quality.csv": "source,task,model,method,config,quality_metric,quality,speedup",
+        "sweep_speedup.csv": "model,dtype,method,exit_layer,num_speculations,speedup_vs_greedy",
+        "acceptance_vs_exit.csv": "model,method,dtype,num_speculations,exit_layer,acceptance_rate",
+        "readability.csv": "model,text,layer,agreement",
+        "calm_threshold.csv": "model,task,measure,kv_strategy,threshold,risk,speedup",
+    }
+
+
+def test_report_cli(results_copy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "report.json"
+    config.write_text(json.dumps({"profile": "cpu", "base": {}}))
+    main = runpy.run_path(str(REPO / "pipelines" / "report.py"))["main"]
+    out = tmp_path / "out"
+    args = ["--config", str(config), "--results", str(results_copy), "--replications", str(REPO / "replications")]
+    assert main([*args, "--out", str(out)]) == 0
+    readme = (out / "README.md").read_text()
+    assert "![sweep heatmap](plots/sweep_heatmap.png)" in readme
+    assert (out / "plots" / "data" / "acceptance_vs_exit.csv").exists()
+    _edit(results_copy / "probe" / "base.json", lambda d: d.update(num_layers="thirty"))
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "probe/base.json" in err and "'num_layers'" in err and "\n" not in err
+
+
+def test_report_package_never_imports_torch() -> None:
+    code = ("import sys, exitbench.report.plots, exitbench.report.check, exitbench.report.tables; "
+            "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
