@@ -1,6 +1,7 @@
 """Decoding methods behind one interface; importing this package registers the built-in ones."""
 
-from exitbench.decoding import autoregressive, early_exit, self_speculative  # noqa: F401  (registration)
+import exitbench.decoding.calm  # noqa: F401  (registration)
+from exitbench.decoding import autoregressive, early_exit, hf_early_exit, self_speculative, speculative  # noqa: F401
 from exitbench.decoding.base import (
     REGISTRY,
     DecodeResult,

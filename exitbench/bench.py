@@ -1,0 +1,386 @@
+"""The decoding benchmark: a sweep of exit layer E x speculations d, timed against greedy in the same run.
+
+Protocol (what makes the numbers comparable):
+
+- every method decodes the same prompts, with the same model, dtype, stop rule and token budget;
+- one warm-up generation per method is run first and discarded;
+- methods are interleaved per prompt and repeat (A B C .. A B C ..), so drift in machine speed (thermal,
+  other load) hits every method alike; the seed is reset before each generation;
+- :meth:`DecodingMethod.generate` times with ``time.perf_counter`` and synchronises CUDA before reading
+  the clock; torch's thread count comes from ``base.threads`` and is recorded in the provenance block;
+- time per token is reported as the median and inter-quartile range over prompts x repeats, and the
+  speed-up as LayerSkip defines it (Elhoushi et al. 2024, §5): the mean time per generated token of
+  greedy autoregressive decoding / that of the method, both measured in this run;
+- exactness: the method's tokens against greedy's for every prompt (mismatches, first divergence);
+- the ideal speed-up of speculative decoding (Leviathan et al. 2023, Theorem 3.8, with LayerSkip's
+  verify cost, see :mod:`exitbench.cost_model`) uses the per-token acceptance ``a`` derived from the
+  measured acceptance rate and step costs measured on the same model: ``c_draft`` (one draft step, E
+  layers + head, relative to one full greedy step) and ``c_verify`` (one verification forward over d + 1
+  positions: layers E..L-1 for self-speculation, which reuses the draft's layers, or all L layers for
+  the peers that re-run them), each the median of a small timed loop.
+
+A peer in ``bench.peers`` runs at the same (E, d) as self-speculation: ``hf_early_exit`` drafts with E
+layers; ``speculative`` drafts with a separate-cache view of the first E layers (shared weights), so it
+differs from self-speculation only in what draft and verify share.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import io
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from exitbench.config import BenchConfig, Config, stage_view
+from exitbench.cost_model import alpha_from_acceptance_rate, fraction_of_ideal, ideal_speedup
+from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
+from exitbench.decoding import DecodeResult, DecodingMethod, StopRule, build_method, method_class
+from exitbench.decoding.steps import as_ids, draft_hidden, full_step, greedy, prefill
+from exitbench.errors import ExitbenchError
+from exitbench.evaluation import encode_prompt, first_divergence, stop_rule
+from exitbench.models.load import load_early_exit_model, load_tokenizer
+from exitbench.models.view import EarlyExitModel
+from exitbench.provenance import provenance
+from exitbench.tasks.registry import Task, build_task
+
+BASELINE = "autoregressive"
+SHARED_VERIFY = frozenset({"self_speculative"})  # methods whose verify pass starts at layer E
+COLUMNS = (
+    "model", "dtype", "method", "exit_layer", "num_speculations", "time_per_token_ms", "iqr_ms",
+    "mean_time_per_token_ms", "speedup_vs_greedy", "acceptance_rate", "alpha", "tokens_per_round",
+    "c_draft", "c_verify", "ideal_speedup", "ideal_fraction", "exact", "num_mismatched", "first_divergence",
+    "num_prompts", "repeats", "max_new_tokens", "mean_new_tokens",
+)
+
+
+@dataclass(frozen=True)
+class SweepEntry:
+    """One method at one (E, d): what to build and how to label it."""
+
+    method: str
+    options: tuple[tuple[str, int], ...] = ()
+    exit_layer: int | None = None
+    num_speculations: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.exit_layer is None and self.num_speculations is None:
+            return self.method
+        return f"{self.method}[E={self.exit_layer},d={self.num_speculations}]"
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Measured step costs relative to one full greedy step (median seconds of small timed loops)."""
+
+    full_step_s: float
+    c_draft: float
+    c_verify: float
+
+
+def sweep_entries(bench: BenchConfig, num_layers: int) -> list[SweepEntry]:
+    """Greedy first, then self-speculation and each peer at every (E, d) with E < L (others skipped)."""
+    entries = [SweepEntry(BASELINE)]
+    for exit_layer in bench.exit_layers:
+        if exit_layer >= num_layers:
+            continue
+        for d in bench.num_speculations:
+            for name in ("self_speculative", *bench.peers):
+                cls = method_class(name)
+                fields = cls.Options.model_fields
+                options = tuple(
+                    (key, value)
+                    for key, value in (("exit_layer", exit_layer), ("num_speculations", d))
+                    if key in fields
+                )
+                uses_exit = "exit_layer" in fields or getattr(cls, "needs_draft", False)
+                uses_d = "num_speculations" in fields
+                entry = SweepEntry(name, options, exit_layer if uses_exit else None, d if uses_d else None)
+                if entry not in entries:  # a peer without d (e.g. early_exit) runs once per E
+                    entries.append(entry)
+    return entries
+
+
+def truncated_view(model: EarlyExitModel, num_layers: int) -> EarlyExitModel:
+    """The first ``num_layers`` layers of ``model`` plus its head, as a separate model (weights shared).
+
+    It gets its own KV cache (``new_cache``), so as a draft model it behaves like a separate small model.
+    """
+    view = copy.copy(model)
+    view.layers = model.layers[:num_layers]
+    view.shape = dataclasses.replace(model.shape, num_layers=num_layers)
+    return view
+
+
+def build_entry(entry: SweepEntry, model: EarlyExitModel) -> DecodingMethod:
+    """The method of ``entry``; a method that needs a draft model gets the first E layers of ``model``."""
+    cls = method_class(entry.method)
+    draft = None
+    if getattr(cls, "needs_draft", False):
+        if entry.exit_layer is None:
+            raise ExitbenchError(f"bench: method '{entry.method}' needs an exit layer for its draft model")
+        draft = truncated_view(model, entry.exit_layer)
+    return build_method(entry.method, model, dict(entry.options), draft_model=draft)
+
+
+def run_interleaved(
+    methods: dict[str, DecodingMethod],
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop: StopRule,
+    repeats: int = 1,
+    seed: int = 1234,
+    progress: bool = True,
+    desc: str = "bench",
+) -> dict[str, list[list[DecodeResult]]]:
+    """Results ``[label][repeat][prompt]``, methods interleaved per (repeat, prompt), after one warm-up each."""
+    if not prompts:
+        raise ExitbenchError("bench: no prompts to time")
+    for method in methods.values():  # warm-up, discarded
+        torch.manual_seed(seed)
+        method.generate(prompts[0], min(8, max_new_tokens), stop)
+    results: dict[str, list[list[DecodeResult]]] = {label: [[] for _ in range(repeats)] for label in methods}
+    total = repeats * len(prompts) * len(methods)
+    with tqdm(total=total, desc=desc, unit="gen", disable=not progress, leave=False) as bar:
+        for repeat in range(repeats):
+            for prompt in prompts:
+                for label, method in methods.items():
+                    torch.manual_seed(seed)
+                    results[label][repeat].append(method.generate(prompt, max_new_tokens, stop))
+                    bar.update()
+    return results
+
+
+def _median_time(fn: Callable[[], Any], device: torch.device, iters: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` over ``iters`` calls (after ``warmup`` untimed calls)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = []
+    for index in range(warmup + iters):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_step_costs(
+    model: EarlyExitModel, context: Sequence[int], exit_layer: int, num_speculations: int,
+    verify_from_exit: bool = True, iters: int = 7,
+) -> StepCosts:
+    """c_draft and c_verify on ``model`` after ``context`` (a prompt), relative to one full greedy step.
+
+    Each timed call writes the K/V of its positions and crops them off again, so every call sees the same
+    cache length. The draft step is what self-speculation runs per drafted token (layers 0..E-1, the
+    shared head, argmax); the verify step is one forward over d + 1 positions through layers E..L-1
+    (``verify_from_exit``) or 0..L-1, the head and argmax over all positions.
+    """
+    length = len(context)
+    d = num_speculations
+    cache = model.new_cache(length + d + 2)
+    prefill(model, cache, context)
+    token = int(context[-1])
+    verify_tokens = as_ids(model, [token] * (d + 1))
+    first = exit_layer if verify_from_exit else 0
+
+    def full() -> None:
+        greedy(full_step(model, cache, token, length))
+        cache.crop(length)
+
+    def draft() -> None:
+        greedy(model.logits(draft_hidden(model, cache, [token], length, exit_layer)))
+        cache.crop(length)
+
+    def verify() -> None:
+        hidden = model.embed(verify_tokens)
+        model.logits(model.forward_layers(hidden, first, model.num_layers, length, cache))[0].argmax(-1).tolist()
+        cache.crop(length)
+
+    full_s = _median_time(full, model.device, iters)
+    return StepCosts(
+        full_step_s=full_s,
+        c_draft=_median_time(draft, model.device, iters) / full_s,
+        c_verify=_median_time(verify, model.device, iters) / full_s,
+    )
+
+
+def summarize_entry(
+    entry: SweepEntry, runs: list[list[DecodeResult]], greedy_runs: list[list[DecodeResult]],
+    costs: StepCosts | None,
+) -> dict[str, Any]:
+    """One sweep row: speed over prompts x repeats, acceptance, exactness and the ideal bound."""
+    flat = [r for repeat in runs for r in repeat]
+    greedy_flat = [r for repeat in greedy_runs for r in repeat]
+    per_token = np.array([r.time_per_token_ms for r in flat])
+    q25, q75 = np.percentile(per_token, [25, 75])
+    mean_ms = float(per_token.mean())
+    greedy_mean_ms = float(np.mean([r.time_per_token_ms for r in greedy_flat]))
+    drafted = sum(r.num_drafted for r in flat)
+    rounds = sum(r.num_rounds for r in flat)
+    rate = sum(r.num_accepted for r in flat) / drafted if drafted else None
+    divergences = [
+        first_divergence(r.tokens, g.tokens)
+        for repeat, greedy_repeat in zip(runs, greedy_runs, strict=True)
+        for r, g in zip(repeat, greedy_repeat, strict=True)
+    ]
+    num_prompts = len(runs[0])
+    mismatched_prompts = {i % num_prompts for i, div in enumerate(divergences) if div is not None}
+    speedup = greedy_mean_ms / mean_ms if mean_ms > 0 else None
+    row: dict[str, Any] = {
+        "method": entry.method,
+        "exit_layer": entry.exit_layer,
+        "num_speculations": entry.num_speculations,
+        "time_per_token_ms": float(np.median(per_token)),
+        "iqr_ms": float(q75 - q25),
+        "mean_time_per_token_ms": mean_ms,
+        "speedup_vs_greedy": speedup,
+        "acceptance_rate": rate,
+        "alpha": None,
+        "tokens_per_round": sum(r.num_tokens for r in flat) / rounds if rounds else None,
+        "c_draft": costs.c_draft if costs else None,
+        "c_verify": costs.c_verify if costs else None,
+        "ideal_speedup": None,
+        "ideal_fraction": None,
+        "exact": not mismatched_prompts,
+        "num_mismatched": len(mismatched_prompts),
+        "first_divergence": min((d for d in divergences if d is not None), default=None),
+        "num_prompts": num_prompts,
+        "repeats": len(runs),
+        "mean_new_tokens": float(np.mean([r.num_tokens for r in flat])),  # a stop rule may end generations early
+    }
+    d = entry.num_speculations
+    if costs is not None and rate is not None and d is not None and speedup is not None:
+        alpha = alpha_from_acceptance_rate(rate, d)
+        ideal = ideal_speedup(alpha, d, costs.c_draft, costs.c_verify)
+        row.update(alpha=alpha, ideal_speedup=ideal, ideal_fraction=fraction_of_ideal(speedup, ideal))
+    return row
+
+
+def run_sweep(
+    model: EarlyExitModel,
+    prompts: Sequence[Sequence[int]],
+    bench: BenchConfig,
+    stop: StopRule | None = None,
+    *,
+    model_name: str = "model",
+    dtype: str = "",
+    seed: int = 1234,
+    cost_iters: int = 7,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """The (E, d) sweep of ``bench`` on one loaded model: one row per method and (E, d), greedy first."""
+    stop = stop or StopRule()
+    prompts = [list(p) for p in prompts]
+    entries = sweep_entries(bench, model.num_layers)
+    methods = {entry.label: build_entry(entry, model) for entry in entries}
+    dtype_name = dtype or str(model.dtype).removeprefix("torch.")
+    desc = f"{model_name}/{dtype_name}"
+    results = run_interleaved(methods, prompts, bench.max_new_tokens, stop, bench.repeats, seed, progress, desc)
+    costs: dict[tuple[int, int, bool], StepCosts] = {}
+    rows = []
+    for entry in entries:
+        entry_costs = None
+        if entry.exit_layer is not None and entry.num_speculations is not None:
+            key = (entry.exit_layer, entry.num_speculations, entry.method in SHARED_VERIFY)
+            if key not in costs:
+                costs[key] = measure_step_costs(model, prompts[0], *key, iters=cost_iters)
+            entry_costs = costs[key]
+        row = summarize_entry(entry, results[entry.label], results[BASELINE], entry_costs)
+        rows.append({"model": model_name, "dtype": dtype_name, **row, "max_new_tokens": bench.max_new_tokens})
+    return rows
+
+
+def _csv_text(rows: Sequence[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: "" if row.get(key) is None else row[key] for key in COLUMNS})
+    return buffer.getvalue()
+
+
+def write_results(rows: Sequence[dict[str, Any]], out_dir: str | Path, provenance_block: dict[str, Any]) -> list[Path]:
+    """``sweep.csv`` and ``sweep.json`` (rows + provenance) under ``out_dir``, each written atomically."""
+    out_dir = Path(out_dir)
+    return [
+        atomic_write_text(out_dir / "sweep.csv", _csv_text(rows)),
+        atomic_write_json(out_dir / "sweep.json", {"provenance": provenance_block, "rows": list(rows)}),
+    ]
+
+
+def load_prompt_texts(task: Task, data_dir: str | Path, num_prompts: int) -> list[str]:
+    """The first ``num_prompts`` prompts of ``data/<task>/<split>.jsonl``, in the task's own prompt format."""
+    data_dir = Path(data_dir)
+
+    def rows(split: str) -> list[dict[str, Any]]:
+        path = data_dir / task.name / f"{split}.jsonl"
+        if not path.exists():
+            raise ExitbenchError(f"bench_decoding: {path} not found; run `dvc repro prepare_data` (task '{task.name}')")
+        return list(read_jsonl(path))
+
+    task.set_context({split: rows(split) for split in task.context_splits})
+    test_rows = rows(task.split)
+    if len(test_rows) < num_prompts:
+        raise ExitbenchError(
+            f"bench_decoding: {data_dir / task.name / task.split}.jsonl has {len(test_rows)} rows but "
+            f"bench.num_prompts is {num_prompts}; lower bench.num_prompts"
+        )
+    return [sample.prompt for sample in task.samples(test_rows, num_prompts)]
+
+
+def check_model_dirs(models_dir: str | Path, names: Sequence[str]) -> list[Path]:
+    """Each listed model's directory, or one error naming the first missing one and the stage that makes it."""
+    dirs = []
+    for name in names:
+        path = Path(models_dir) / name
+        if not (path / "config.json").exists():
+            stage = "prepare_model" if name in ("base", "draft") else "train"
+            raise ExitbenchError(
+                f"bench_decoding: model '{name}' not found at {path}; run `dvc repro {stage}` "
+                "(or remove it from bench.models)"
+            )
+        dirs.append(path)
+    return dirs
+
+
+def run_bench(
+    cfg: Config, models_dir: str | Path, data_dir: str | Path, out_dir: str | Path, progress: bool = True,
+) -> list[dict[str, Any]]:
+    """The whole stage: every model x dtype in ``bench``, written to ``<out>/sweep.{csv,json}``."""
+    bench = cfg.bench
+    for name in (BASELINE, "self_speculative", *bench.peers):  # fail fast on an unknown method
+        method_class(name)
+    model_dirs = check_model_dirs(models_dir, bench.models)
+    task = build_task(bench.task)
+    texts = load_prompt_texts(task, data_dir, bench.num_prompts)
+    rows: list[dict[str, Any]] = []
+    device = torch.device("cpu")
+    for name, path in zip(bench.models, model_dirs, strict=True):
+        tokenizer = load_tokenizer(path)
+        prompts = [encode_prompt(tokenizer, text, chat_template=False) for text in texts]  # as `evaluate` does
+        # EOS only: the sweep times a token budget; a task's stop strings would cut an untrained model's
+        # output to one token (the base model answers a TOPv2 prompt with a newline first).
+        stop = StopRule(stop_rule(tokenizer, task).eos_token_ids)
+        for dtype in bench.dtypes:
+            model = load_early_exit_model(path, dtype, cfg.base.device)
+            device = model.device
+            rows.extend(run_sweep(model, prompts, bench, stop, model_name=name, dtype=dtype, seed=cfg.base.seed,
+                                  progress=progress))
+            del model
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    block = provenance(stage_view(cfg, "bench_decoding"), device, ",".join(bench.dtypes))
+    write_results(rows, out_dir, block)
+    return rows

@@ -1,0 +1,124 @@
+"""The decoding benchmark on the tiny model: rows, exactness, cost fields and the files. No timed assertions."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from exitbench.bench import (
+    BASELINE,
+    COLUMNS,
+    SweepEntry,
+    build_entry,
+    measure_step_costs,
+    run_interleaved,
+    run_sweep,
+    sweep_entries,
+    truncated_view,
+    write_results,
+)
+from exitbench.config import BenchConfig, resolve, stage_view
+from exitbench.decoding import StopRule, build_method
+
+NUM_LAYERS = 4
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(11)
+    return [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (6, 13)]
+
+
+BENCH = BenchConfig(
+    models=["tiny"], exit_layers=[1, 2, NUM_LAYERS], num_speculations=[1, 3], num_prompts=2, max_new_tokens=8,
+    repeats=2, dtypes=["float32"], peers=["hf_early_exit", "speculative"],
+)
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_model):
+    return run_sweep(tiny_model, prompts(), BENCH, model_name="tiny", dtype="float32", cost_iters=2, progress=False)
+
+
+def test_sweep_entries_skip_exit_layers_at_or_beyond_the_last():
+    entries = sweep_entries(BENCH, NUM_LAYERS)
+    assert entries[0] == SweepEntry(BASELINE)
+    assert {e.exit_layer for e in entries[1:]} == {1, 2}
+    assert len(entries) == 1 + 2 * 2 * 3
+    speculative = next(e for e in entries if e.method == "speculative")
+    assert dict(speculative.options) == {"num_speculations": speculative.num_speculations}
+
+
+def test_sweep_rows_are_exact_and_complete(rows):
+    assert len(rows) == 1 + 2 * 2 * 3
+    assert rows[0]["method"] == BASELINE and rows[0]["speedup_vs_greedy"] == pytest.approx(1.0)
+    for row in rows:
+        assert set(COLUMNS) <= set(row)
+        assert row["exact"] is True and row["num_mismatched"] == 0 and row["first_divergence"] is None
+        assert row["num_prompts"] == 2 and row["repeats"] == 2 and row["max_new_tokens"] == 8
+        assert row["time_per_token_ms"] > 0 and row["iqr_ms"] >= 0 and row["speedup_vs_greedy"] > 0
+    for row in rows[1:]:
+        assert 0.0 <= row["acceptance_rate"] <= 1.0
+        assert row["tokens_per_round"] >= 1.0
+        assert row["c_draft"] > 0 and row["c_verify"] > 0
+        assert 0.0 <= row["alpha"] <= 1.0
+        assert math.isfinite(row["ideal_speedup"]) and row["ideal_speedup"] > 0
+        assert row["ideal_fraction"] == pytest.approx(row["speedup_vs_greedy"] / row["ideal_speedup"])
+
+
+def test_write_results_csv_and_json_parse(rows, tmp_path):
+    block = {"git_commit": "unknown", "threads": 1}
+    write_results(rows, tmp_path / "bench", block)
+    with (tmp_path / "bench" / "sweep.csv").open() as handle:
+        table = list(csv.DictReader(handle))
+    assert len(table) == len(rows) and list(table[0]) == list(COLUMNS)
+    assert table[0]["exit_layer"] == "" and table[1]["exact"] == "True"
+    data = json.loads((tmp_path / "bench" / "sweep.json").read_text())
+    assert data["provenance"] == block and data["rows"] == json.loads(json.dumps(rows))
+    assert not list((tmp_path / "bench").glob("*.tmp"))
+
+
+def test_interleaved_results_have_one_result_per_repeat_and_prompt(tiny_model):
+    methods = {BASELINE: build_method(BASELINE, tiny_model), "ss": build_method(
+        "self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 2})}
+    results = run_interleaved(methods, prompts(), 5, StopRule(), repeats=3, progress=False)
+    assert {label: [len(r) for r in runs] for label, runs in results.items()} == {BASELINE: [2, 2, 2], "ss": [2, 2, 2]}
+    assert results["ss"][2][1].tokens == results[BASELINE][0][1].tokens
+
+
+def test_truncated_view_is_a_separate_model_with_shared_weights(tiny_model):
+    view = truncated_view(tiny_model, 2)
+    assert view.num_layers == 2 and tiny_model.num_layers == NUM_LAYERS
+    assert view.layers[1] is tiny_model.layers[1] and view.new_cache(8).keys.shape[0] == 2
+    method = build_entry(SweepEntry("speculative", (("num_speculations", 2),), 2, 2), tiny_model)
+    assert method.draft_model is not None and method.draft_model.num_layers == 2
+
+
+def test_step_costs_are_positive_ratios(tiny_model):
+    costs = measure_step_costs(tiny_model, prompts()[0], exit_layer=1, num_speculations=2, iters=2)
+    assert costs.full_step_s > 0 and costs.c_draft > 0 and costs.c_verify > 0
+    full = measure_step_costs(tiny_model, prompts()[0], 1, 2, verify_from_exit=False, iters=2)
+    assert full.c_verify > 0
+
+
+def test_pipeline_fails_with_one_line_naming_the_missing_model(tmp_path):
+    config = stage_view(resolve({"bench": {"models": ["nothere"]}}), "bench_decoding")
+    path = tmp_path / "bench_decoding.json"
+    path.write_text(json.dumps(config))
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(root / "pipelines" / "bench_decoding.py"), "--config", str(path),
+         "--models-dir", str(tmp_path / "models"), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=root, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: bench_decoding: model 'nothere' not found at {tmp_path / 'models' / 'nothere'}; "
+        "run `dvc repro train` (or remove it from bench.models)"
+    ]

@@ -1,0 +1,132 @@
+"""Golden tests for the peers: two-model speculative decoding and transformers' early-exit generation
+both equal greedy decoding token for token on the tiny seeded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exitbench.decoding import StopRule, build_method
+from exitbench.errors import ExitbenchError
+from exitbench.models.tiny import random_llama
+from exitbench.models.view import EarlyExitModel
+
+NUM_LAYERS = 4
+MAX_NEW = 20  # >= 2 * max d (8), so accept and reject paths both run
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 12, 17)]
+
+
+@pytest.fixture(scope="module")
+def greedy_outputs(tiny_model):
+    method = build_method("autoregressive", tiny_model)
+    return [method.generate(p, MAX_NEW).tokens for p in prompts()]
+
+
+@pytest.fixture(scope="module")
+def random_draft() -> EarlyExitModel:
+    """An unrelated 2-layer model with the same vocabulary: its drafts are mostly rejected."""
+    return EarlyExitModel(random_llama(seed=1, num_layers=2))
+
+
+@pytest.mark.parametrize("num_speculations", [1, 2, 4, 8])
+@pytest.mark.parametrize("draft", ["self", "random"])
+def test_speculative_equals_greedy(tiny_model, random_draft, greedy_outputs, num_speculations, draft):
+    draft_model = tiny_model if draft == "self" else random_draft
+    method = build_method("speculative", tiny_model, {"num_speculations": num_speculations}, draft_model=draft_model)
+    for prompt, expected in zip(prompts(), greedy_outputs, strict=True):
+        result = method.generate(prompt, MAX_NEW)
+        assert result.tokens == expected
+        assert result.num_accepted <= result.num_drafted
+        assert sum(result.acceptance_histogram) == result.num_rounds
+        if draft == "self":  # the draft is the main model: every draft is accepted
+            assert result.acceptance_rate == 1.0
+        else:
+            assert result.acceptance_rate is not None and result.acceptance_rate < 0.5
+            assert result.acceptance_histogram[0] > 0
+
+
+def test_speculative_cache_lengths_after_crops(tiny_model, random_draft, monkeypatch):
+    from exitbench.decoding import speculative as module
+
+    seen: list[tuple[list[int], list[int], int, int, int]] = []
+    original = module.Speculative._round
+
+    def spy(self, cache, draft_cache, sequence, budget, stop, result):
+        drafted_before = result.num_drafted
+        new = original(self, cache, draft_cache, sequence, budget, stop, result)
+        drafted = result.num_drafted - drafted_before
+        committed_minus_pending = len(sequence) - 1 + len(new)
+        seen.append((list(cache.lengths), list(draft_cache.lengths), committed_minus_pending, len(new) - 1, drafted))
+        return new
+
+    monkeypatch.setattr(module.Speculative, "_round", spy)
+    for draft in (tiny_model, random_draft):
+        seen.clear()
+        build_method("speculative", tiny_model, {"num_speculations": 4}, draft_model=draft).generate(prompts()[0], 24)
+        assert seen
+        for main_lengths, draft_lengths, committed_minus_pending, accepted, drafted in seen:
+            # The main cache holds every committed token but the newest (read next round).
+            assert main_lengths == [committed_minus_pending] * NUM_LAYERS
+            # The draft cache holds the accepted tokens it has read: all but the last draft if all were
+            # accepted. (A last round without budget drafts nothing, and the draft reads nothing.)
+            if drafted:
+                lag = 1 if accepted == drafted else 0
+                assert draft_lengths == [committed_minus_pending - lag] * draft.num_layers
+            assert max(draft_lengths) <= committed_minus_pending
+        assert any(drafted and accepted < drafted for _, _, _, accepted, drafted in seen) == (draft is random_draft)
+
+
+def test_speculative_without_draft_model_is_a_one_line_error(tiny_model):
+    method = build_method("speculative", tiny_model, {"num_speculations": 2})
+    with pytest.raises(ExitbenchError, match="no draft model"):
+        method.generate(prompts()[0], 4)
+    other_vocab = EarlyExitModel(random_llama(seed=2, num_layers=1, vocab_size=64))
+    method = build_method("speculative", tiny_model, {"num_speculations": 2}, draft_model=other_vocab)
+    with pytest.raises(ExitbenchError, match="vocabulary"):
+        method.generate(prompts()[0], 4)
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2, 3, 4])
+@pytest.mark.parametrize("num_speculations", [1, 2, 4])
+def test_hf_early_exit_equals_greedy(tiny_model, greedy_outputs, exit_layer, num_speculations):
+    method = build_method("hf_early_exit", tiny_model, {"exit_layer": exit_layer, "num_speculations": num_speculations})
+    config_before = tiny_model.hf.generation_config.to_dict()
+    for prompt, expected in zip(prompts(), greedy_outputs, strict=True):
+        result = method.generate(prompt, MAX_NEW)
+        assert result.tokens == expected
+        assert 0 < result.num_drafted <= num_speculations * result.num_rounds
+        assert result.num_accepted <= result.num_drafted
+        if exit_layer == NUM_LAYERS:  # drafting with every layer: all drafts accepted
+            assert result.acceptance_rate == 1.0
+    # The shared generation config and the model's methods are left as they were.
+    assert tiny_model.hf.generation_config.to_dict() == config_before
+    assert "_get_candidate_generator" not in vars(tiny_model.hf)
+
+
+def test_hf_early_exit_drafts_exactly_d_tokens(tiny_model):
+    """transformers ignores generate(num_assistant_tokens=...); the wrapper must still draft d per round."""
+    method = build_method("hf_early_exit", tiny_model, {"exit_layer": NUM_LAYERS, "num_speculations": 3})
+    result = method.generate(prompts()[1], 13)  # 3 rounds of 3 drafts + 1, then one step without drafts
+    assert result.acceptance_histogram[3] == result.num_rounds == 3
+    assert result.num_drafted == 9
+
+
+def test_hf_early_exit_stop_rule_truncates_identically(tiny_model, greedy_outputs):
+    prompt, expected = prompts()[2], greedy_outputs[2]
+    eos = expected[6]
+    cut = expected.index(eos) + 1
+    stop = StopRule(eos_token_ids=frozenset({eos}))
+    peers = [("hf_early_exit", {"exit_layer": 2, "num_speculations": 4}), ("speculative", {"num_speculations": 4})]
+    for name, options in peers:
+        method = build_method(name, tiny_model, options, draft_model=tiny_model)
+        assert method.generate(prompt, MAX_NEW, stop).tokens == expected[:cut]
+    decode = lambda ids: " ".join(str(i) for i in ids)  # noqa: E731
+    marker = StopRule(stop_strings=(f" {expected[4]} ",), decode=decode)
+    reference = build_method("autoregressive", tiny_model).generate(prompt, MAX_NEW, marker).tokens
+    assert len(reference) < MAX_NEW
+    hf = build_method("hf_early_exit", tiny_model, {"exit_layer": 2, "num_speculations": 2})
+    assert hf.generate(prompt, MAX_NEW, marker).tokens == reference
