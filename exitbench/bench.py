@@ -30,6 +30,7 @@ import copy
 import csv
 import dataclasses
 import io
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -51,15 +52,36 @@ from exitbench.evaluation import encode_prompt, first_divergence, stop_rule
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
+from exitbench.subvocab import frequent_token_ids
 from exitbench.tasks.registry import Task, build_task
 
 BASELINE = "autoregressive"
+MAX_VOCAB_ROWS = 20_000  # training rows counted for the draft sub-vocabulary
 SHARED_VERIFY = frozenset({"self_speculative"})  # methods whose verify pass starts at layer E
 COLUMNS = (
-    "model", "dtype", "method", "exit_layer", "num_speculations", "time_per_token_ms", "iqr_ms",
-    "mean_time_per_token_ms", "speedup_vs_greedy", "acceptance_rate", "alpha", "tokens_per_round",
-    "c_draft", "c_verify", "ideal_speedup", "ideal_fraction", "exact", "num_mismatched", "first_divergence",
-    "num_prompts", "repeats", "max_new_tokens", "mean_new_tokens",
+    "model",
+    "dtype",
+    "method",
+    "exit_layer",
+    "num_speculations",
+    "time_per_token_ms",
+    "iqr_ms",
+    "mean_time_per_token_ms",
+    "speedup_vs_greedy",
+    "acceptance_rate",
+    "alpha",
+    "tokens_per_round",
+    "c_draft",
+    "c_verify",
+    "ideal_speedup",
+    "ideal_fraction",
+    "exact",
+    "num_mismatched",
+    "first_divergence",
+    "num_prompts",
+    "repeats",
+    "max_new_tokens",
+    "mean_new_tokens",
 )
 
 
@@ -68,15 +90,20 @@ class SweepEntry:
     """One method at one (E, d): what to build and how to label it."""
 
     method: str
-    options: tuple[tuple[str, int], ...] = ()
+    options: tuple[tuple[str, int | str], ...] = ()
     exit_layer: int | None = None
     num_speculations: int | None = None
+    tag: str = ""  # distinguishes variants of one method, e.g. "+subvocab"
+
+    @property
+    def name(self) -> str:
+        return self.method + self.tag
 
     @property
     def label(self) -> str:
         if self.exit_layer is None and self.num_speculations is None:
-            return self.method
-        return f"{self.method}[E={self.exit_layer},d={self.num_speculations}]"
+            return self.name
+        return f"{self.name}[E={self.exit_layer},d={self.num_speculations}]"
 
 
 @dataclass(frozen=True)
@@ -88,8 +115,11 @@ class StepCosts:
     c_verify: float
 
 
-def sweep_entries(bench: BenchConfig, num_layers: int) -> list[SweepEntry]:
-    """Greedy first, then self-speculation and each peer at every (E, d) with E < L (others skipped)."""
+def sweep_entries(bench: BenchConfig, num_layers: int, draft_vocab_file: str | None = None) -> list[SweepEntry]:
+    """Greedy first, then self-speculation and each peer at every (E, d) with E < L (others skipped).
+
+    With ``draft_vocab_file``, self-speculation also runs with its draft head restricted to that file's ids.
+    """
     entries = [SweepEntry(BASELINE)]
     for exit_layer in bench.exit_layers:
         if exit_layer >= num_layers:
@@ -108,6 +138,9 @@ def sweep_entries(bench: BenchConfig, num_layers: int) -> list[SweepEntry]:
                 entry = SweepEntry(name, options, exit_layer if uses_exit else None, d if uses_d else None)
                 if entry not in entries:  # a peer without d (e.g. early_exit) runs once per E
                     entries.append(entry)
+            if draft_vocab_file:
+                options = (("exit_layer", exit_layer), ("num_speculations", d), ("draft_vocab_file", draft_vocab_file))
+                entries.append(SweepEntry("self_speculative", options, exit_layer, d, tag="+subvocab"))
     return entries
 
 
@@ -177,8 +210,12 @@ def _median_time(fn: Callable[[], Any], device: torch.device, iters: int, warmup
 
 @torch.inference_mode()
 def measure_step_costs(
-    model: EarlyExitModel, context: Sequence[int], exit_layer: int, num_speculations: int,
-    verify_from_exit: bool = True, iters: int = 7,
+    model: EarlyExitModel,
+    context: Sequence[int],
+    exit_layer: int,
+    num_speculations: int,
+    verify_from_exit: bool = True,
+    iters: int = 7,
 ) -> StepCosts:
     """c_draft and c_verify on ``model`` after ``context`` (a prompt), relative to one full greedy step.
 
@@ -217,7 +254,9 @@ def measure_step_costs(
 
 
 def summarize_entry(
-    entry: SweepEntry, runs: list[list[DecodeResult]], greedy_runs: list[list[DecodeResult]],
+    entry: SweepEntry,
+    runs: list[list[DecodeResult]],
+    greedy_runs: list[list[DecodeResult]],
     costs: StepCosts | None,
 ) -> dict[str, Any]:
     """One sweep row: speed over prompts x repeats, acceptance, exactness and the ideal bound."""
@@ -239,7 +278,7 @@ def summarize_entry(
     mismatched_prompts = {i % num_prompts for i, div in enumerate(divergences) if div is not None}
     speedup = greedy_mean_ms / mean_ms if mean_ms > 0 else None
     row: dict[str, Any] = {
-        "method": entry.method,
+        "method": entry.name,
         "exit_layer": entry.exit_layer,
         "num_speculations": entry.num_speculations,
         "time_per_token_ms": float(np.median(per_token)),
@@ -279,11 +318,12 @@ def run_sweep(
     seed: int = 1234,
     cost_iters: int = 7,
     progress: bool = True,
+    draft_vocab_file: str | None = None,
 ) -> list[dict[str, Any]]:
     """The (E, d) sweep of ``bench`` on one loaded model: one row per method and (E, d), greedy first."""
     stop = stop or StopRule()
     prompts = [list(p) for p in prompts]
-    entries = sweep_entries(bench, model.num_layers)
+    entries = sweep_entries(bench, model.num_layers, draft_vocab_file)
     methods = {entry.label: build_entry(entry, model) for entry in entries}
     dtype_name = dtype or str(model.dtype).removeprefix("torch.")
     desc = f"{model_name}/{dtype_name}"
@@ -318,6 +358,23 @@ def write_results(rows: Sequence[dict[str, Any]], out_dir: str | Path, provenanc
         atomic_write_text(out_dir / "sweep.csv", _csv_text(rows)),
         atomic_write_json(out_dir / "sweep.json", {"provenance": provenance_block, "rows": list(rows)}),
     ]
+
+
+def write_draft_vocab(
+    task: Task, data_dir: str | Path, tokenizer: Any, size: int, stop: StopRule, out_dir: str | Path, model_name: str
+) -> Path:
+    """The ``size`` most frequent tokens of the task's train split (never its test data), plus EOS."""
+    path = Path(data_dir) / task.name / "train.jsonl"
+    if not path.exists():
+        raise ExitbenchError(f"bench_decoding: draft_vocab_size needs {path}; set bench.draft_vocab_size: 0")
+    rows = list(read_jsonl(path))[:MAX_VOCAB_ROWS]
+    texts = [sample.prompt + sample.reference for sample in task.samples(rows, len(rows))]
+    ids = frequent_token_ids(
+        (tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts), size, stop.eos_token_ids
+    )
+    target = Path(out_dir) / f"draft_vocab_{model_name}.json"
+    atomic_write_text(target, json.dumps(ids) + "\n")
+    return target
 
 
 def load_prompt_texts(task: Task, data_dir: str | Path, num_prompts: int) -> list[str]:
@@ -356,7 +413,11 @@ def check_model_dirs(models_dir: str | Path, names: Sequence[str]) -> list[Path]
 
 
 def run_bench(
-    cfg: Config, models_dir: str | Path, data_dir: str | Path, out_dir: str | Path, progress: bool = True,
+    cfg: Config,
+    models_dir: str | Path,
+    data_dir: str | Path,
+    out_dir: str | Path,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """The whole stage: every model x dtype in ``bench``, written to ``<out>/sweep.{csv,json}``."""
     bench = cfg.bench
@@ -373,11 +434,25 @@ def run_bench(
         # EOS only: the sweep times a token budget; a task's stop strings would cut an untrained model's
         # output to one token (the base model answers a TOPv2 prompt with a newline first).
         stop = StopRule(stop_rule(tokenizer, task).eos_token_ids)
+        vocab_file = None
+        if bench.draft_vocab_size:
+            vocab_file = str(write_draft_vocab(task, data_dir, tokenizer, bench.draft_vocab_size, stop, out_dir, name))
         for dtype in bench.dtypes:
             model = load_early_exit_model(path, dtype, cfg.base.device)
             device = model.device
-            rows.extend(run_sweep(model, prompts, bench, stop, model_name=name, dtype=dtype, seed=cfg.base.seed,
-                                  progress=progress))
+            rows.extend(
+                run_sweep(
+                    model,
+                    prompts,
+                    bench,
+                    stop,
+                    model_name=name,
+                    dtype=dtype,
+                    seed=cfg.base.seed,
+                    progress=progress,
+                    draft_vocab_file=vocab_file,
+                )
+            )
             del model
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -119,6 +119,9 @@ class BenchConfig(Section):
     repeats: int = Field(1, ge=1)
     dtypes: list[Literal["float32", "bfloat16", "float16"]] = ["float32", "bfloat16"]
     peers: list[str] = ["hf_early_exit"]
+    draft_vocab_size: int = Field(
+        0, ge=0, description="> 0 adds self_speculative rows drafting over the task's N most frequent training tokens"
+    )
 
 
 class CalibrateConfig(Section):

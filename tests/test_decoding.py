@@ -28,7 +28,7 @@ def test_autoregressive_matches_transformers_generate(tiny_model, tiny_lm, greed
     for prompt, ours in zip(prompts(), greedy_outputs, strict=True):
         ids = torch.tensor([prompt])
         ref = tiny_lm.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert ours == ref[0, len(prompt):].tolist()
+        assert ours == ref[0, len(prompt) :].tolist()
     assert len({tuple(t) for t in greedy_outputs}) == len(greedy_outputs)
     assert all(len(set(t)) > 5 for t in greedy_outputs), "fixture degenerated into repeating one token"
 
@@ -116,3 +116,27 @@ def test_unknown_method_and_bad_options_are_one_line_errors(tiny_model):
     with pytest.raises(ExitbenchError, match=r"outside 1\.\.4"):
         build_method("early_exit", tiny_model, {"exit_layer": 9})
     assert {"autoregressive", "early_exit", "self_speculative"} <= set(REGISTRY)
+
+
+def test_frequent_token_ids_is_deterministic_and_keeps_required_ids():
+    from exitbench.subvocab import frequent_token_ids
+
+    assert frequent_token_ids([[5, 5, 7, 9], [7, 5, 3]], 2, always=[2]) == [2, 5, 7]
+    assert frequent_token_ids([[4, 3], [3, 4]], 1) == [3]  # a tie goes to the smaller id
+
+
+def test_self_speculative_with_draft_subvocabulary_stays_exact(tiny_model, greedy_outputs, tmp_path):
+    import json
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps(list(range(0, 128, 2))))  # half the vocabulary: many drafts must be rejected
+    options = {"exit_layer": 3, "num_speculations": 4, "draft_vocab_file": str(vocab)}
+    method = build_method("self_speculative", tiny_model, options)
+    results = [method.generate(p, MAX_NEW) for p in prompts()]
+    assert [r.tokens for r in results] == greedy_outputs
+    drafted_odd = any(t % 2 for r in results for t in r.tokens)
+    assert drafted_odd, "the fixture should need tokens outside the sub-vocabulary"
+    with pytest.raises(ExitbenchError, match="draft_vocab_file"):
+        build_method(
+            "self_speculative", tiny_model, {**options, "draft_vocab_file": str(tmp_path / "no.json")}
+        ).generate(prompts()[0], 4)
