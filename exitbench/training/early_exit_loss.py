@@ -1,0 +1,100 @@
+"""The early-exit loss: per-exit scales (LayerSkip, CALM), curriculum normalisation, and the objective.
+
+J(X, Y, t) = sum_l e~(t, l) CE(g(x_{l+1}), Y) through the ONE shared head g (final norm + LM head)
+(LayerSkip, Elhoushi et al. 2024, arXiv:2404.16710, §4.2). The head is evaluated only at exits with a
+non-zero normalised weight, and only at positions that carry a label: with a 49k vocabulary the head is
+the expensive part of an extra exit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exitbench.errors import ExitbenchError
+from exitbench.models.view import EarlyExitModel
+from exitbench.training.layer_dropout import forward_kept_rows
+
+IGNORE_INDEX = -100
+
+
+class Recipe(str, Enum):
+    """How exits are weighted: LayerSkip's quadratic scale or CALM's linear one."""
+
+    LAYERSKIP = "layerskip"
+    CALM = "calm"
+
+
+def layerskip_scales(num_layers: int, e_scale: float) -> list[float]:
+    """e(l) = e_scale sum_{i=0}^{l} i for l < L-1; e(L-1) = L-1 + e_scale sum_{i=0}^{L-2} i (LayerSkip §4.2)."""
+    scales = [e_scale * layer * (layer + 1) / 2 for layer in range(num_layers - 1)]
+    last = num_layers - 1
+    scales.append(last + e_scale * (last - 1) * last / 2)
+    return scales
+
+
+def calm_scales(num_layers: int) -> list[float]:
+    """w_i = i / sum_{j=1}^{L} j for layers i = 1..L (CALM, Schuster et al. 2022, §3.4); index l = i - 1."""
+    total = num_layers * (num_layers + 1) / 2
+    return [(layer + 1) / total for layer in range(num_layers)]
+
+
+def exit_scales(recipe: Recipe | str, num_layers: int, e_scale: float) -> list[float]:
+    """The un-normalised per-exit scale of ``recipe`` for every layer."""
+    if Recipe(recipe) is Recipe.CALM:
+        return calm_scales(num_layers)
+    return layerskip_scales(num_layers, e_scale)
+
+
+def normalized_weights(scales: Sequence[float], enabled: Sequence[int]) -> dict[int, float]:
+    """e~(t, l) = C(t, l) e(l) / sum_i C(t, i) e(i) over the enabled exits, dropping zero weights (§4.2)."""
+    total = sum(scales[layer] for layer in enabled)
+    if total <= 0:
+        raise ExitbenchError(f"every enabled exit {list(enabled)} has loss weight 0; raise e_scale or use more layers")
+    return {layer: scales[layer] / total for layer in sorted(enabled) if scales[layer] > 0}
+
+
+class EarlyExitObjective(nn.Module):
+    """The early-exit training forward as a module (so DDP can wrap it): dropout, exits, shared head, CE.
+
+    ``forward`` returns (loss, per-exit CE sums): loss = sum_l w_l CE_sum_l / ``num_tokens``, where
+    ``num_tokens`` is the loss-token count of the whole (global) optimizer batch, so that micro-batches and
+    ranks add up to the mean over the global batch exactly.
+    """
+
+    def __init__(self, causal_lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = causal_lm
+        self.view = EarlyExitModel(causal_lm)
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        labels: torch.Tensor,
+        keep: torch.Tensor,
+        weights: dict[int, float],
+        num_tokens: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, labels [B, S] (labels already shifted); keep [L, B] bool (layer dropout, all True = none)."""
+        view = self.view
+        hidden = view.embed(ids)
+        rope = view.rope(hidden, 0)
+        targets = labels != IGNORE_INDEX
+        flat_labels = labels[targets]
+        exits = sorted(weights)
+        ce_sums = []
+        for layer in range(exits[-1] + 1):
+            hidden = forward_kept_rows(
+                lambda h, r, index=layer: view.layer_forward(index, h, r), hidden, rope, keep[layer]
+            )
+            if layer in weights:
+                logits = view.logits(hidden[targets])
+                ce_sums.append(F.cross_entropy(logits.float(), flat_labels, reduction="sum"))
+        sums = torch.stack(ce_sums)
+        scale = torch.tensor([weights[layer] for layer in exits], dtype=sums.dtype, device=sums.device)
+        loss = (scale * sums).sum() / num_tokens
+        return loss, sums.detach()

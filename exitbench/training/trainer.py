@@ -1,0 +1,430 @@
+"""The training loop: LayerSkip / CALM early-exit finetuning with checkpoints, resume and a report.
+
+A plain PyTorch loop rather than the Hugging Face ``Trainer``: the early-exit loss needs the hidden state
+after every enabled layer through the shared head, and layer dropout removes samples from individual
+layers' batches. Both need a custom forward (:class:`EarlyExitObjective`), and the HF Trainer would hide
+them behind ``compute_loss`` and the model's own forward while adding nothing the loop needs here.
+
+One optimizer step t: draw the layer-dropout mask for the global batch (the trainer's seeded generator),
+choose the enabled exits C(t, .), run the micro-batches (gradient accumulation, bf16 autocast), clip,
+AdamW, linear warm-up + cosine LR. Every ``checkpoint_every`` steps the whole state is written atomically;
+a re-run resumes from the last checkpoint, so a kill -9 at any moment loses at most that interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from exitbench.config import BaseConfig, TrainVariant
+from exitbench.models.load import load_causal_lm, load_tokenizer, resolve_device
+from exitbench.training import distributed as dist_utils
+from exitbench.training.corpora import Corpus, DataOrder, Example, build_corpus, collate
+from exitbench.training.distributed import DistContext
+from exitbench.training.early_exit_loss import EarlyExitObjective, exit_scales, normalized_weights
+from exitbench.training.layer_dropout import keep_mask
+from exitbench.training.schedules import dropout_rates, enabled_exits, lr_factor
+
+logger = logging.getLogger(__name__)
+
+# Fields that do not change the training trajectory; changing them keeps an existing checkpoint valid.
+_NON_TRAJECTORY_FIELDS = ("checkpoint_every", "timing_steps")
+_FINAL_EVAL_ROWS = 8
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    base_model: Path
+    data: Path
+    out: Path
+    checkpoints: Path
+    report: Path
+
+
+@dataclass
+class TrainState:
+    """Everything of a run, besides model/optimizer/RNG state, that a checkpoint carries."""
+
+    step: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    weight_share: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    trained_tokens: int = 0
+    trained_loss_tokens: int = 0
+    resumed_from: int | None = None
+
+
+@dataclass
+class Run:
+    """The wired-up pieces of one training run."""
+
+    variant: TrainVariant
+    seed: int
+    ctx: DistContext
+    device: torch.device
+    objective: EarlyExitObjective
+    module: torch.nn.Module  # the objective, DDP-wrapped when distributed
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    generator: torch.Generator
+    corpus: Corpus
+    order: DataOrder
+    pad_id: int
+    scales: list[float]
+    fingerprint: str
+
+    @property
+    def num_layers(self) -> int:
+        return self.objective.view.num_layers
+
+    @property
+    def global_batch(self) -> int:
+        return self.variant.batch_size * self.variant.grad_accum
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.variant.autocast_bf16)
+
+
+def fingerprint(variant: TrainVariant, seed: int, corpus: Corpus, base_model: Path) -> str:
+    """Hash of what determines the trajectory: a checkpoint with another fingerprint is not resumed."""
+    config = {k: v for k, v in variant.model_dump(mode="json").items() if k not in _NON_TRAJECTORY_FIELDS}
+    base_config = (Path(base_model) / "config.json").read_text()
+    payload = json.dumps(
+        {"variant": config, "seed": seed, "corpus": corpus.totals(), "base": base_config}, sort_keys=True
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: DistContext) -> tuple[Run, Any]:
+    """Load model, tokenizer and corpus; build objective, optimizer, scheduler and generator."""
+    device = resolve_device(base.device)
+    tokenizer = load_tokenizer(paths.base_model)
+    causal_lm = load_causal_lm(paths.base_model, "float32", base.device).train()
+    corpus = build_corpus(variant.corpus, paths.data, tokenizer, variant.seq_len, variant.max_examples, base.seed)
+    objective = EarlyExitObjective(causal_lm)
+    optimizer = torch.optim.AdamW(causal_lm.parameters(), lr=variant.lr, weight_decay=variant.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, variant.warmup_steps, variant.steps)
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    run = Run(
+        variant=variant,
+        seed=base.seed,
+        ctx=ctx,
+        device=device,
+        objective=objective,
+        module=dist_utils.wrap(objective, ctx, find_unused=variant.p_max > 0),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        generator=torch.Generator().manual_seed(base.seed),
+        corpus=corpus,
+        order=DataOrder(len(corpus.examples), variant.batch_size * variant.grad_accum, base.seed),
+        pad_id=int(pad_id or 0),
+        scales=exit_scales(variant.recipe, objective.view.num_layers, variant.e_scale),
+        fingerprint=fingerprint(variant, base.seed, corpus, paths.base_model),
+    )
+    return run, tokenizer
+
+
+def step_plan(run: Run, step: int) -> tuple[torch.Tensor, dict[int, float]]:
+    """The layer-dropout keep mask [L, global batch] and the normalised exit weights e~(t, .) of step t."""
+    v = run.variant
+    rates = dropout_rates(step, v.steps, run.num_layers, v.p_max, v.dropout_schedule)
+    keep = keep_mask(rates, run.global_batch, run.generator)
+    exits = enabled_exits(v.curriculum, step, v.steps, run.num_layers, v.rotation)
+    return keep, normalized_weights(run.scales, exits)
+
+
+def micro_batches(run: Run, rows: range) -> list[list[int]]:
+    """This rank's rows of the global batch, in chunks of at most batch_size (gradient accumulation)."""
+    size = run.variant.batch_size
+    return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
+
+
+def train_step(run: Run, step: int) -> dict[str, Any]:
+    """One optimizer step over the global batch; returns its losses (global means) and token counts."""
+    keep, weights = step_plan(run, step)
+    batch = [run.corpus.examples[index] for index in run.order.step_indices(step)]
+    num_tokens = sum(example.loss_tokens for example in batch)
+    chunks = micro_batches(run, dist_utils.shard(len(batch), run.ctx))
+    ce_sums = torch.zeros(len(weights), dtype=torch.float64)
+    for number, rows in enumerate(chunks):
+        ids, labels = collate([batch[row] for row in rows], run.pad_id)
+        ids, labels = ids.to(run.device), labels.to(run.device)
+        with dist_utils.grad_sync(run.module, sync=number == len(chunks) - 1):
+            with run.autocast():
+                loss, sums = run.module(ids, labels, keep[:, rows], weights, num_tokens)
+            (loss * run.ctx.world_size).backward()  # DDP averages gradients over ranks; J is a global sum
+        ce_sums += sums.double().cpu()
+    dist_utils.all_reduce_sum(ce_sums, run.ctx)
+    torch.nn.utils.clip_grad_norm_(run.objective.parameters(), run.variant.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    exit_losses = {layer: float(total) / num_tokens for layer, total in zip(sorted(weights), ce_sums, strict=True)}
+    loss_value = sum(weights[layer] * value for layer, value in exit_losses.items())
+    return {
+        "step": step,
+        "loss": loss_value,
+        "exits": {str(layer): value for layer, value in exit_losses.items()},
+        "weights": weights,
+        "tokens": sum(len(example.tokens) for example in batch),
+        "loss_tokens": num_tokens,
+    }
+
+
+def record_step(state: TrainState, result: dict[str, Any], seconds: float, num_layers: int) -> None:
+    if not state.weight_share:
+        state.weight_share = [0.0] * num_layers
+    for layer, weight in result["weights"].items():
+        state.weight_share[layer] += weight
+    state.history.append({"step": result["step"], "loss": result["loss"], "exits": result["exits"]})
+    state.step_times.append(seconds)
+    state.trained_tokens += result["tokens"]
+    state.trained_loss_tokens += result["loss_tokens"]
+    state.step = result["step"] + 1
+
+
+def checkpoint_payload(run: Run, state: TrainState) -> dict[str, Any]:
+    return {
+        "fingerprint": run.fingerprint,
+        "model": run.objective.lm.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "state": asdict(state),
+        "rng": {"torch": torch.get_rng_state(), "dropout": run.generator.get_state()},
+        "data_order": {"seed": run.order.seed, "num_examples": run.order.num_examples, "step": state.step},
+    }
+
+
+def restore(run: Run, checkpoint_dir: Path) -> TrainState:
+    """The state to continue from: the last checkpoint when it matches this run's fingerprint, else fresh."""
+    payload = load_checkpoint(checkpoint_dir)
+    if payload is None:
+        return TrainState()
+    if payload["fingerprint"] != run.fingerprint:
+        logger.warning("%s: checkpoint is from another config or corpus; training from step 0", checkpoint_dir)
+        return TrainState()
+    run.objective.lm.load_state_dict(payload["model"])
+    run.optimizer.load_state_dict(payload["optimizer"])
+    run.scheduler.load_state_dict(payload["scheduler"])
+    torch.set_rng_state(payload["rng"]["torch"])
+    run.generator.set_state(payload["rng"]["dropout"])
+    state = TrainState(**payload["state"])
+    state.resumed_from = state.step
+    return state
+
+
+def train_loop(run: Run, state: TrainState, checkpoint_dir: Path, stop: int, progress: bool) -> TrainState:
+    """Steps state.step .. stop-1, with a checkpoint every ``checkpoint_every`` steps and at the end."""
+    variant = run.variant
+    bar = tqdm(total=variant.steps, initial=state.step, disable=not (progress and run.ctx.is_main), desc="train")
+    with bar:
+        for step in range(state.step, stop):
+            started = time.perf_counter()
+            result = train_step(run, step)
+            record_step(state, result, time.perf_counter() - started, run.num_layers)
+            bar.update(1)
+            bar.set_postfix({f"x{layer}": f"{value:.3f}" for layer, value in result["exits"].items()})
+            if state.step % variant.checkpoint_every == 0 or state.step == variant.steps:
+                if run.ctx.is_main:
+                    save_checkpoint(checkpoint_dir, checkpoint_payload(run, state))
+                dist_utils.barrier(run.ctx)
+    return state
+
+
+def _eval_batch(run: Run, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    ids, labels = collate(examples, run.pad_id)
+    return ids.to(run.device), labels.to(run.device), sum(example.loss_tokens for example in examples)
+
+
+def final_exit_losses(run: Run, examples: list[Example]) -> dict[str, float]:
+    """Mean CE at every exit, no layer dropout, no gradient, on ``examples``."""
+    ids, labels, num_tokens = _eval_batch(run, examples)
+    keep = torch.ones(run.num_layers, len(examples), dtype=torch.bool)
+    weights = {layer: 1.0 for layer in range(run.num_layers)}
+    with torch.no_grad(), run.autocast():
+        _, sums = run.objective(ids, labels, keep, weights, num_tokens)
+    return {str(layer): float(total) / num_tokens for layer, total in enumerate(sums)}
+
+
+def _time_fwd_bwd(run: Run, batch: tuple, keep: torch.Tensor, weights: dict[int, float]) -> float:
+    """Seconds for one forward + backward of the objective (gradients discarded)."""
+    ids, labels, num_tokens = batch
+    started = time.perf_counter()
+    with run.autocast():
+        loss, _ = run.objective(ids, labels, keep, weights, num_tokens)
+    loss.backward()
+    seconds = time.perf_counter() - started
+    run.optimizer.zero_grad(set_to_none=True)
+    return seconds
+
+
+def measure_overhead(run: Run, examples: list[Example], last_step: int) -> dict[str, Any]:
+    """Step time (forward + backward) of the early-exit objective vs plain training on the same batch.
+
+    Plain = last-layer CE only, no layer dropout. The early-exit side uses the exits and dropout rates of
+    the steps ``last_step - n + 1 .. last_step`` (n = ``timing_steps``), so the rotation's varying number of
+    head evaluations is sampled. The two are timed alternately after one warm-up each, so a change of load
+    on the machine hits both; ratio = median of the per-pair ratios. The optimizer step is the same for
+    both and left out, so the ratio bounds the whole-step ratio from above. Dropout masks come from their
+    own seeded generator: timing never changes the training trajectory.
+    """
+    v, layers = run.variant, run.num_layers
+    batch = _eval_batch(run, examples)
+    generator = torch.Generator().manual_seed(run.seed + 7)
+    plain_keep = torch.ones(layers, len(examples), dtype=torch.bool)
+    plain_weights = {layers - 1: 1.0}
+    steps = [max(last_step - i, 0) for i in range(v.timing_steps)][::-1]
+    plans = []
+    for step in steps:
+        rates = dropout_rates(step, v.steps, layers, v.p_max, v.dropout_schedule)
+        exits = enabled_exits(v.curriculum, step, v.steps, layers, v.rotation)
+        plans.append((keep_mask(rates, len(examples), generator), normalized_weights(run.scales, exits)))
+    _time_fwd_bwd(run, batch, plain_keep, plain_weights)  # warm-ups
+    _time_fwd_bwd(run, batch, *plans[0])
+    plain, early = [], []
+    for keep, weights in plans:
+        plain.append(_time_fwd_bwd(run, batch, plain_keep, plain_weights))
+        early.append(_time_fwd_bwd(run, batch, keep, weights))
+    return {
+        "ratio": statistics.median(e / p for e, p in zip(early, plain, strict=True)),
+        "plain_s": plain,
+        "early_exit_s": early,
+        "steps": steps,
+        "head_evaluations": [len(weights) for _, weights in plans],
+        "rows": len(examples),
+        "measures": "forward+backward, alternating plain/early-exit; optimizer step excluded (same for both)",
+    }
+
+
+def save_checkpoint(checkpoint_dir: Path, payload: dict[str, Any]) -> None:
+    """torch.save to a temporary file, fsync, then os.replace: the checkpoint is always whole or absent."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    for stale in checkpoint_dir.glob(f"{CHECKPOINT_FILE}.tmp-*"):  # left by a save that was killed
+        stale.unlink(missing_ok=True)
+    temporary = checkpoint_dir / f"{CHECKPOINT_FILE}.tmp-{os.getpid()}"
+    with open(temporary, "wb") as handle:
+        torch.save(payload, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, checkpoint_dir / CHECKPOINT_FILE)
+
+
+def load_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
+    """The last checkpoint in ``checkpoint_dir`` (None if there is none); leftovers of killed saves are ignored."""
+    path = checkpoint_dir / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def atomic_save_model(causal_lm: torch.nn.Module, tokenizer: Any, out: Path) -> None:
+    """save_pretrained (safetensors) + tokenizer into a temporary sibling dir, then rename it to ``out``.
+
+    An existing ``out`` is moved aside first and removed after, so ``out`` is never a partial model.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    temporary = out.parent / f".{out.name}.partial-{os.getpid()}"
+    causal_lm.eval()
+    causal_lm.save_pretrained(temporary, safe_serialization=True)
+    tokenizer.save_pretrained(temporary)
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)
+    os.replace(temporary, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_report(run: Run, state: TrainState, name: str, final: dict[str, float], timing: dict | None) -> dict:
+    """train_report.json: steps, losses per exit, token counts, step times, loss-weight shares, config."""
+    steps_done = len(state.history)
+    last_seen: dict[str, float] = {}
+    for entry in state.history:
+        last_seen.update(entry["exits"])
+    times = state.step_times
+    return {
+        "variant": name,
+        "config": run.variant.model_dump(mode="json"),
+        "seed": run.seed,
+        "world_size": run.ctx.world_size,
+        "steps": state.step,
+        "resumed_from_step": state.resumed_from,
+        "final_loss": state.history[-1]["loss"] if state.history else None,
+        "final_exit_losses": final,
+        "last_seen_exit_losses": dict(sorted(last_seen.items(), key=lambda item: int(item[0]))),
+        "loss_weight_share": {str(i): share / max(steps_done, 1) for i, share in enumerate(state.weight_share)},
+        "tokens": {
+            "corpus": run.corpus.totals(),
+            "per_source": run.corpus.counts,
+            "trained_tokens": state.trained_tokens,
+            "trained_loss_tokens": state.trained_loss_tokens,
+        },
+        "time_per_step_s": {
+            "mean": statistics.fmean(times) if times else None,
+            "median": statistics.median(times) if times else None,
+        },
+        "step_time_ratio": timing,
+        "history": state.history,
+    }
+
+
+def finish(run: Run, state: TrainState, tokenizer: Any, paths: TrainPaths, name: str) -> dict[str, Any]:
+    """Rank 0: final per-exit losses, the step-time ratio, the model dir and the report."""
+    examples = [run.corpus.examples[i] for i in run.order.step_indices(max(state.step - 1, 0))]
+    final = final_exit_losses(run, examples[:_FINAL_EVAL_ROWS])
+    rows = examples[: run.variant.batch_size]
+    timing = measure_overhead(run, rows, max(state.step - 1, 0)) if run.variant.timing_steps else None
+    atomic_save_model(run.objective.lm, tokenizer, paths.out)
+    report = build_report(run, state, name, final, timing)
+    atomic_write_json(paths.report, report)
+    return report
+
+
+def train(
+    variant: TrainVariant,
+    base: BaseConfig,
+    paths: TrainPaths,
+    name: str = "train",
+    max_steps_this_run: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any] | None:
+    """Train (or resume) one variant; returns the report, or None when stopped by ``max_steps_this_run``.
+
+    Runs single-process, or as one rank of a ``torchrun`` job when ``variant.distributed`` is ``ddp``.
+    ``max_steps_this_run`` stops after that many steps without saving anything beyond the regular
+    checkpoints, which is what a kill at that moment leaves behind (used by the resume test).
+    """
+    torch.manual_seed(base.seed)
+    with dist_utils.session(variant.distributed, resolve_device(base.device)) as ctx:
+        run, tokenizer = build_run(variant, base, paths, ctx)
+        state = restore(run, paths.checkpoints)
+        stop = variant.steps if max_steps_this_run is None else min(variant.steps, state.step + max_steps_this_run)
+        state = train_loop(run, state, paths.checkpoints, stop, progress)
+        if state.step < variant.steps:
+            return None
+        report = finish(run, state, tokenizer, paths, name) if ctx.is_main else None
+        dist_utils.barrier(ctx)
+        return report

@@ -1,0 +1,65 @@
+"""DVC stage `train`: finetune the base model with the LayerSkip or CALM early-exit recipe.
+
+    python pipelines/train.py --config build/config/train-layerskip.json --variant layerskip \
+        --base-model models/base --data data --out models/layerskip \
+        --checkpoints checkpoints/layerskip --report results/train/layerskip.json
+
+Re-running resumes from the last checkpoint. Data-parallel: the same command under
+``torchrun --nproc_per_node N`` with ``distributed: ddp`` in the variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from exitbench.cli import run_stage
+from exitbench.config import load_stage
+from exitbench.errors import ExitbenchError
+from exitbench.training.distributed import launched_world_size
+from exitbench.training.trainer import TrainPaths, train
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="build/config/train.json", help="resolved stage config")
+    parser.add_argument("--variant", required=True, help="a key of train.variants")
+    parser.add_argument("--base-model", default="models/base", help="prepared model directory")
+    parser.add_argument("--data", default="data", help="prepared data directory")
+    parser.add_argument("--out", help="trained model directory (default models/VARIANT)")
+    parser.add_argument("--checkpoints", help="checkpoint directory (default checkpoints/VARIANT)")
+    parser.add_argument("--report", help="training report (default results/train/VARIANT.json)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = load_stage(args.config)
+    variants = config.train.variants
+    if args.variant not in variants:
+        raise ExitbenchError(f"unknown variant '{args.variant}'; known: {', '.join(sorted(variants))}")
+    world = launched_world_size()
+    torch.set_num_threads(config.base.threads or max(1, (os.cpu_count() or 1) // world))
+    paths = TrainPaths(
+        base_model=Path(args.base_model),
+        data=Path(args.data),
+        out=Path(args.out or f"models/{args.variant}"),
+        checkpoints=Path(args.checkpoints or f"checkpoints/{args.variant}"),
+        report=Path(args.report or f"results/train/{args.variant}.json"),
+    )
+    report = train(variants[args.variant], config.base, paths, name=args.variant, progress=not args.no_progress)
+    if report is not None:
+        ratio = report["step_time_ratio"]
+        ratio_text = f", step-time ratio {ratio['ratio']:.2f}x vs plain" if ratio else ""
+        print(
+            f"train: {args.variant} {report['steps']} steps, final loss {report['final_loss']:.4f}"
+            f"{ratio_text} -> {paths.out}, {paths.report}"
+        )
+
+
+if __name__ == "__main__":
+    run_stage(main)
