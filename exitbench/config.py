@@ -131,7 +131,7 @@ class CalibrateConfig(Section):
     kv_strategies: list[Literal["propagate", "recompute", "monotonic"]] = ["propagate", "recompute", "monotonic"]
     deltas: list[float] = [0.1, 0.2]
     epsilon: float = Field(0.05, gt=0, lt=1)
-    risk: Literal["textual", "risk"] = "textual"
+    risk: Literal["textual", "token"] = "textual"  # 1 - ROUGE-L vs the full model, or token mismatch
     thresholds: list[float] = [1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
     tau: float = 4.0
     min_exit_layer: int = Field(4, ge=1)

@@ -1,0 +1,457 @@
+"""The calibrate stage: CALM's risk-controlled threshold per (model, task, measure, kv_strategy) (CALM §4).
+
+For each candidate threshold ``lambda_j`` (high to low) the calibration prompts are decoded with
+``calm`` and with greedy decoding of the full model; the per-example risk is the inconsistency of the two
+outputs (CALM §4 "textual consistency"): ``1 - ROUGE-L F`` of the early-exit text against the full model's
+text (``risk: textual``), or the fraction of mismatched token positions (any other ``risk`` value). Then
+:func:`exitbench.calibration.calibrate_threshold` (Learn-then-Test) picks, for every ``delta``, the
+lowest threshold certified to keep the risk at most ``delta`` with probability ``1 - epsilon``.
+
+The chosen threshold is then checked on disjoint test prompts: empirical risk (``risk_ok`` when at most
+``delta``), mean exit layer of the tokens whose exit the rule decided (every token after the first; the
+first comes from the full-model prefill), speed-up over greedy (time per token, both measured in the same
+process, one example after the other), and the task's quality metric for both.
+
+Every generation is made once: greedy once per example, ``calm`` once per (example, measure, kv_strategy,
+threshold), and reused by every ``delta`` and for the test split where thresholds coincide.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from exitbench.calibration import CalibrationResult, calibrate_threshold, hoeffding_bentkus_pvalue
+from exitbench.confidence import save_exit_classifier, train_exit_classifier
+from exitbench.config import CalibrateConfig, Config, stage_view
+from exitbench.data.io import atomic_write_json, read_jsonl
+from exitbench.decoding import StopRule, build_method
+from exitbench.decoding.base import DecodingMethod
+from exitbench.decoding.calm import candidate_layers
+from exitbench.errors import ExitbenchError
+from exitbench.models.load import load_early_exit_model, load_tokenizer
+from exitbench.models.view import EarlyExitModel
+from exitbench.provenance import provenance
+from exitbench.tasks.cnndm import POOL_SIZE as CNNDM_POOL_SIZE
+from exitbench.tasks.metrics import rouge_scores
+from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
+
+# Where calibration prompts come from: a split of their own, else the END of the task's test split (the
+# evaluated rows are its first N). Some tasks keep the very last rows for themselves (cnndm's one-shot pool).
+CALIBRATION_SPLIT: dict[str, str] = {"topv2": "eval"}
+RESERVED_TAIL: dict[str, int] = {"cnndm": CNNDM_POOL_SIZE}
+CLASSIFIER_SEQUENCES = 64
+CLASSIFIER_STEPS = 200
+CLASSIFIER_LR = 1e-2
+
+
+# ----------------------------------------------------------------------------------------------- risks
+
+
+def textual_risk(prediction: str, reference: str) -> float:
+    """CALM §4 textual consistency loss: ``1 - ROUGE-L F(prediction, reference)``; 0 for identical texts."""
+    if prediction == reference:
+        return 0.0
+    return 1.0 - rouge_scores(prediction, reference)["rougeL"]
+
+
+def token_mismatch_risk(prediction: Sequence[int], reference: Sequence[int]) -> float:
+    """Fraction of positions ``0..max(len)-1`` where the two token sequences differ (a length gap counts)."""
+    longest = max(len(prediction), len(reference))
+    if longest == 0:
+        return 0.0
+    same = sum(a == b for a, b in zip(prediction, reference, strict=False))
+    return 1.0 - same / longest
+
+
+def risk_definition(risk: str) -> str:
+    if risk == "textual":
+        return "1 - ROUGE-L F(early-exit text, full-model text)"
+    return "fraction of token positions where early-exit and full-model outputs differ"
+
+
+# ------------------------------------------------------------------------------------------- the inputs
+
+
+@dataclass(frozen=True)
+class CalibrationTask:
+    """One task's encoded prompts: calibration and test (disjoint), how to read outputs, how to score them.
+
+    ``decode`` turns generated ids into the task's final text (stop strings cut); ``score(i, text)`` is
+    the quality of ``text`` on test example ``i`` (None: no quality is reported).
+    """
+
+    name: str
+    calibration: list[list[int]]
+    test: list[list[int]]
+    decode: Callable[[Sequence[int]], str]
+    stop: StopRule | None = None
+    score: Callable[[int, str], float] | None = None
+    quality_metric: str = ""
+
+    def check(self) -> None:
+        for split, prompts in (("calibration", self.calibration), ("test", self.test)):
+            if not prompts:
+                raise ExitbenchError(f"calibrate: task '{self.name}' has no {split} prompts")
+            for index, ids in enumerate(prompts):
+                if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                    raise ExitbenchError(
+                        f"calibrate: task '{self.name}' {split} prompt {index} is not a non-empty list of token ids"
+                    )
+
+
+def check_thresholds(thresholds: Sequence[float]) -> None:
+    """Candidate thresholds must lie in [0, 1] and strictly decrease (LTT's fixed sequence, CALM §4)."""
+    if not thresholds or any(not 0.0 <= t <= 1.0 for t in thresholds):
+        raise ExitbenchError(f"calibrate.thresholds must be non-empty and within [0, 1], got {list(thresholds)}")
+    if any(b >= a for a, b in itertools.pairwise(thresholds)):
+        raise ExitbenchError(f"calibrate.thresholds must strictly decrease (most conservative first), got {thresholds}")
+
+
+def calibration_samples(
+    task: Task, rows_by_split: dict[str, list[dict[str, Any]]], num_calibration: int, num_test: int
+) -> tuple[list[Sample], list[Sample]]:
+    """Calibration and test samples, built by the task's own prompt function (the one evaluate uses).
+
+    Test = the first ``num_test`` rows of the task's split (evaluate's rows); calibration = the first rows
+    of :data:`CALIBRATION_SPLIT` when the task has one, else the last rows of the test split before the
+    :data:`RESERVED_TAIL` (so calibration and test never share a row).
+    """
+    task.set_context({split: rows_by_split.get(split, []) for split in task.context_splits})
+    rows = rows_by_split.get(task.split, [])
+    if task.name in CALIBRATION_SPLIT:
+        own = rows_by_split.get(CALIBRATION_SPLIT[task.name], [])
+        calibration = task.samples(own, num_calibration)
+        return calibration, task.samples(rows, num_test)
+    reserved = RESERVED_TAIL.get(task.name, 0)
+    needed = num_test + num_calibration + reserved
+    if len(rows) < needed:
+        raise ExitbenchError(
+            f"calibrate: {task.name} needs {needed} rows of {task.split} ({num_test} test + {num_calibration} "
+            f"calibration + {reserved} reserved), data has {len(rows)}; lower calibrate.num_test/num_calibration"
+        )
+    tail = rows[len(rows) - num_calibration - reserved :]
+    samples = task.samples(rows[:num_test] + tail, num_test + num_calibration)
+    return samples[num_test:], samples[:num_test]
+
+
+# --------------------------------------------------------------------------------------- generations
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: list[int]
+    text: str
+    wall_time_s: float
+    exit_layers: list[int] = field(default_factory=list)
+
+
+class Generations:
+    """Every generation of one model, made at most once: greedy per example, calm per setting and example."""
+
+    def __init__(self, model: EarlyExitModel, settings: CalibrateConfig, classifier_file: str) -> None:
+        self.model = model
+        self.settings = settings
+        self.classifier_file = classifier_file
+        self.methods: dict[tuple[str, str, float] | None, DecodingMethod] = {}
+        self.done: dict[tuple[Any, ...], Generation] = {}
+
+    def method(self, key: tuple[str, str, float] | None) -> DecodingMethod:
+        if key not in self.methods:
+            if key is None:
+                self.methods[key] = build_method("autoregressive", self.model)
+            else:
+                measure, kv_strategy, threshold = key
+                options = {
+                    "threshold": threshold, "measure": measure, "kv_strategy": kv_strategy,
+                    "tau": self.settings.tau, "min_exit_layer": self.settings.min_exit_layer,
+                    "exit_every": self.settings.exit_every, "classifier_file": self.classifier_file,
+                }
+                self.methods[key] = build_method("calm", self.model, options)
+        return self.methods[key]
+
+    def get(self, task: CalibrationTask, split: str, index: int, key: tuple[str, str, float] | None) -> Generation:
+        """The generation of prompt ``index`` of ``task``'s ``split`` by greedy (``key`` None) or calm."""
+        memo = (task.name, split, index, key)
+        if memo not in self.done:
+            prompt = (task.calibration if split == "calibration" else task.test)[index]
+            result = self.method(key).generate(prompt, self.settings.max_new_tokens, task.stop)
+            text = task.decode(result.tokens)
+            self.done[memo] = Generation(result.tokens, text, result.wall_time_s, result.exit_layers)
+        return self.done[memo]
+
+    def make_side_by_side(
+        self, task: CalibrationTask, split: str, index: int, keys: Sequence[tuple[str, str, float]]
+    ) -> None:
+        """Greedy and every calm setting on one example, back to back, so both are timed under the same load.
+
+        Greedy goes first on even examples and last on odd ones, so neither side always pays for being the
+        first to see a prompt of a new length (allocator growth).
+        """
+        order: list[tuple[str, str, float] | None] = [None, *keys] if index % 2 == 0 else [*keys, None]
+        for key in order:
+            self.get(task, split, index, key)
+
+    def warm_up(self, task: CalibrationTask) -> None:
+        """Untimed short runs, so the first timed generation does not pay one-off start-up costs."""
+        for key in [None, *((m, k, 0.5) for m in self.settings.measures for k in self.settings.kv_strategies)]:
+            self.method(key).generate(task.calibration[0], min(4, self.settings.max_new_tokens), task.stop)
+
+
+def time_per_token_ms(generations: Sequence[Generation]) -> float:
+    tokens = sum(len(g.tokens) for g in generations)
+    return 1000.0 * sum(g.wall_time_s for g in generations) / max(tokens, 1)
+
+
+def speedup(greedy: Sequence[Generation], calm: Sequence[Generation]) -> float:
+    """LayerSkip's speed-up: greedy's mean time per generated token over the method's, same prompts."""
+    return time_per_token_ms(greedy) / time_per_token_ms(calm)
+
+
+def avg_exit_layer(generations: Sequence[Generation]) -> float | None:
+    """Mean exit layer of the tokens whose exit the rule decided (all but each output's first token)."""
+    layers = [layer for g in generations for layer in g.exit_layers[1:]]
+    return sum(layers) / len(layers) if layers else None
+
+
+# ------------------------------------------------------------------------------------------ the stage
+
+
+def _risk(settings: CalibrateConfig, calm: Generation, greedy: Generation) -> float:
+    if settings.risk == "textual":
+        return textual_risk(calm.text, greedy.text)
+    return token_mismatch_risk(calm.tokens, greedy.tokens)
+
+
+def _quality(task: CalibrationTask, generations: Sequence[Generation]) -> float | None:
+    if task.score is None:
+        return None
+    return sum(task.score(i, g.text) for i, g in enumerate(generations)) / len(generations)
+
+
+Setting = tuple[str, str]  # (measure, kv_strategy)
+
+
+def fit_setting(
+    gens: Generations, task: CalibrationTask, settings: CalibrateConfig, setting: Setting
+) -> tuple[dict[str, Any], dict[float, CalibrationResult]]:
+    """One (task, measure, kv_strategy) on the calibration split: its curve, and the LTT fit per delta."""
+    measure, kv_strategy = setting
+    thresholds = list(settings.thresholds)
+    cal = range(len(task.calibration))
+    greedy_cal = [gens.get(task, "calibration", i, None) for i in cal]
+    calm_cal = [[gens.get(task, "calibration", i, (measure, kv_strategy, t)) for i in cal] for t in thresholds]
+    risks = [[_risk(settings, c, g) for c, g in zip(row, greedy_cal, strict=True)] for row in calm_cal]
+    fits = {delta: calibrate_threshold(thresholds, risks, delta, settings.epsilon) for delta in settings.deltas}
+    curve = {
+        "task": task.name, "measure": measure, "kv_strategy": kv_strategy, "thresholds": thresholds,
+        "calibration_mean_risk": [sum(r) / len(r) for r in risks],
+        "pvalues": {str(delta): list(fit.pvalues) for delta, fit in fits.items()},
+        "avg_exit_layer": [avg_exit_layer(row) for row in calm_cal],
+        "speedup_vs_greedy": [speedup(greedy_cal, row) for row in calm_cal],
+        "time_per_token_ms": [time_per_token_ms(row) for row in calm_cal],
+        "greedy_time_per_token_ms": time_per_token_ms(greedy_cal),
+    }
+    return curve, fits
+
+
+def check_on_test(
+    gens: Generations, task: CalibrationTask, settings: CalibrateConfig, setting: Setting,
+    fits: dict[float, CalibrationResult],
+) -> list[dict[str, Any]]:
+    """The chosen threshold of every delta, checked on the test split (one result per delta)."""
+    measure, kv_strategy = setting
+    test = range(len(task.test))
+    greedy_test = [gens.get(task, "test", i, None) for i in test]
+    results = []
+    for delta, fit in fits.items():
+        calm_test = [gens.get(task, "test", i, (measure, kv_strategy, fit.threshold)) for i in test]
+        test_risk = sum(_risk(settings, c, g) for c, g in zip(calm_test, greedy_test, strict=True)) / len(test)
+        certified = fit.index >= 0
+        results.append({
+            "task": task.name, "measure": measure, "kv_strategy": kv_strategy, "delta": delta,
+            "epsilon": settings.epsilon, "threshold": fit.threshold, "threshold_index": fit.index,
+            "certified": certified,
+            "pvalue": fit.pvalues[fit.index] if certified else None,
+            # The p-value a zero-risk threshold would get: above epsilon, n is too small to certify anything.
+            "best_possible_pvalue": hoeffding_bentkus_pvalue(0.0, fit.n, delta),
+            "calibration_mean_risk": fit.mean_risks[fit.index] if certified else 0.0,
+            "test_risk": test_risk,
+            "risk_ok": test_risk <= delta,
+            "avg_exit_layer": avg_exit_layer(calm_test),
+            "speedup_vs_greedy": speedup(greedy_test, calm_test),
+            "quality": {
+                "metric": task.quality_metric or None,
+                "calm": _quality(task, calm_test), "greedy": _quality(task, greedy_test),
+            },
+            "num_calibration": len(task.calibration), "num_test": len(task.test),
+        })
+    return results
+
+
+def calibrate_model(
+    model: EarlyExitModel,
+    tasks: Sequence[CalibrationTask],
+    settings: CalibrateConfig,
+    classifier_file: str = "",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """The stage for one model: a dict of ``num_layers``, ``risk``, ``risk_definition``, ``results``, ``curves``.
+
+    ``results`` has one entry per (task, measure, kv_strategy, delta); ``curves`` one per (task, measure,
+    kv_strategy) with the calibration-split mean risk, p-values (per delta), mean exit layer and speed-up
+    at every threshold; ``greedy_time_per_token_ms`` the baseline's time per token per task and split.
+    """
+    check_thresholds(settings.thresholds)
+    if not tasks:
+        raise ExitbenchError("calibrate: no tasks given")
+    if "classifier" in settings.measures and not classifier_file:
+        raise ExitbenchError("calibrate: measure 'classifier' needs a trained classifier file")
+    for task in tasks:
+        task.check()
+    gens = Generations(model, settings, classifier_file)
+    curves: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    greedy: dict[str, dict[str, float]] = {}
+    settings_list = [(m, k) for m in settings.measures for k in settings.kv_strategies]
+    for task in tasks:
+        gens.warm_up(task)
+        # Side by side: each example runs greedy and every calm setting back to back, before the next one.
+        keys = [(m, k, t) for m, k in settings_list for t in settings.thresholds]
+        examples = range(len(task.calibration))
+        for i in tqdm(examples, desc=f"calibrate {task.name}", unit="example", leave=False, disable=not progress):
+            gens.make_side_by_side(task, "calibration", i, keys)
+        fitted = {setting: fit_setting(gens, task, settings, setting) for setting in settings_list}
+        chosen = sorted({(*setting, fit.threshold) for setting, (_, fits) in fitted.items() for fit in fits.values()})
+        for i in range(len(task.test)):
+            gens.make_side_by_side(task, "test", i, chosen)
+        for setting, (curve, fits) in fitted.items():
+            curves.append(curve)
+            results.extend(check_on_test(gens, task, settings, setting, fits))
+        greedy[task.name] = {
+            split: time_per_token_ms([gens.get(task, split, i, None) for i in range(len(prompts))])
+            for split, prompts in (("calibration", task.calibration), ("test", task.test))
+        }
+    return {
+        "num_layers": model.num_layers,
+        "risk": settings.risk,
+        "risk_definition": risk_definition(settings.risk),
+        "results": results,
+        "curves": curves,
+        "greedy_time_per_token_ms": greedy,
+    }
+
+
+# ------------------------------------------------------------------------------ files, models, classifier
+
+
+def model_dir_or_error(models_dir: Path, name: str) -> Path:
+    path = models_dir / name
+    if not (path / "config.json").exists():
+        stage = "prepare_model" if name == "base" else "train"
+        raise ExitbenchError(
+            f"calibrate: model '{name}' not found at {path}; it is made by `dvc repro {stage}` "
+            "(or remove it from calibrate.models)"
+        )
+    return path
+
+
+def read_task_rows(task: Task, data_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The rows of every split the task's calibration and test prompts draw on."""
+    splits = {task.split, *task.context_splits}
+    if task.name in CALIBRATION_SPLIT:
+        splits.add(CALIBRATION_SPLIT[task.name])
+    rows = {}
+    for split in sorted(splits):
+        path = data_dir / task.name / f"{split}.jsonl"
+        if not path.exists():
+            raise ExitbenchError(f"calibrate: {path} not found; run `dvc repro prepare_data` (is '{task.name}' "
+                                 "in data.tasks?)")
+        rows[split] = list(read_jsonl(path))
+    return rows
+
+
+def encoded_task(task: Task, rows: dict[str, list[dict[str, Any]]], tokenizer: Any, settings: CalibrateConfig
+                 ) -> CalibrationTask:
+    """A :class:`CalibrationTask` from a real task: its prompts, stop rule, decoding and primary metric."""
+    from exitbench.evaluation import encode_prompt, stop_rule
+
+    calibration, test = calibration_samples(task, rows, settings.num_calibration, settings.num_test)
+
+    def decode(ids: Sequence[int]) -> str:
+        return task.postprocess(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def score(index: int, text: str) -> float:
+        return float(task.score(test[index], text).get(task.primary_metric, math.nan))
+
+    return CalibrationTask(
+        name=task.name,
+        calibration=[encode_prompt(tokenizer, s.prompt, False) for s in calibration],
+        test=[encode_prompt(tokenizer, s.prompt, False) for s in test],
+        decode=decode, stop=stop_rule(tokenizer, task), score=score, quality_metric=task.primary_metric,
+    )
+
+
+def train_stage_classifier(
+    model: EarlyExitModel, tokenizer: Any, data_dir: Path, settings: CalibrateConfig, seed: int, path: Path
+) -> Path:
+    """CALM's early-exit classifier for this model, trained on TOPv2 train text (never calibration/test rows)."""
+    from exitbench.training.corpora import topv2_examples
+
+    examples, _ = topv2_examples(data_dir, tokenizer, seq_len=64, limit=CLASSIFIER_SEQUENCES, seed=seed)
+    layers = sorted(candidate_layers(model.num_layers, settings.min_exit_layer, settings.exit_every)
+                    - {model.num_layers}) or list(range(1, model.num_layers))
+    state = train_exit_classifier(
+        model, [list(e.tokens) for e in examples], layers, CLASSIFIER_STEPS, CLASSIFIER_LR, seed
+    )
+    return save_exit_classifier(state, path)
+
+
+def run_calibrate_stage(
+    cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path, classifiers_dir: Path
+) -> list[dict[str, Any]]:
+    """The whole stage: every model in ``calibrate.models`` -> ``<out>/<model>.json``; returns its results."""
+    settings = cfg.calibrate
+    check_thresholds(settings.thresholds)
+    model_dirs = {name: model_dir_or_error(models_dir, name) for name in settings.models}  # fail before any work
+    tasks = [build_task(name, TaskSettings(cfg.base.seed)) for name in settings.tasks]
+    rows = {task.name: read_task_rows(task, data_dir) for task in tasks}
+    summary = []
+    for name, model_dir in model_dirs.items():
+        model = load_early_exit_model(model_dir, cfg.base.dtype, cfg.base.device)
+        tokenizer = load_tokenizer(model_dir)
+        classifier = ""
+        if "classifier" in settings.measures:
+            path = classifiers_dir / f"{name}.pt"
+            classifier = str(train_stage_classifier(model, tokenizer, data_dir, settings, cfg.base.seed, path))
+        encoded = [encoded_task(task, rows[task.name], tokenizer, settings) for task in tasks]
+        report = calibrate_model(model, encoded, settings, classifier, progress=True)
+        report = {
+            "model": name, **report, "settings": settings.model_dump(mode="json"),
+            "classifier_file": classifier or None,
+            "provenance": provenance(stage_view(cfg, "calibrate"), model.device, cfg.base.dtype),
+        }
+        atomic_write_json(out_dir / f"{name}.json", report)
+        summary.extend({"model": name, **row} for row in report["results"])
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return summary
+
+
+def summary_line(row: dict[str, Any]) -> str:
+    """One printable line per result row (for the CLI)."""
+    exit_layer = row["avg_exit_layer"]
+    shown = f"{exit_layer:.1f}" if exit_layer is not None else "-"
+    return (
+        f"{row['model']:>10} {row['task']:>9} {row['measure']:>10} {row['kv_strategy']:>9} delta={row['delta']}: "
+        f"lambda={row['threshold']:.2f} test risk={row['test_risk']:.3f} ({'ok' if row['risk_ok'] else 'OVER'}) "
+        f"exit layer={shown} speed-up={row['speedup_vs_greedy']:.2f}x"
+    )

@@ -1,0 +1,187 @@
+"""The calibrate stage on the tiny model with in-memory tasks (no files), and its input checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exitbench.calm_calibration import (
+    CalibrationTask,
+    calibrate_model,
+    calibration_samples,
+    check_thresholds,
+    model_dir_or_error,
+    run_calibrate_stage,
+    textual_risk,
+    token_mismatch_risk,
+)
+from exitbench.config import CalibrateConfig, Config
+from exitbench.decoding.base import DecodingMethod
+from exitbench.errors import ExitbenchError
+from exitbench.tasks.registry import build_task
+
+
+def decode(ids) -> str:
+    return " ".join(f"w{i}" for i in ids)
+
+
+def tiny_task(name: str, num_calibration: int, num_test: int, seed: int = 3) -> CalibrationTask:
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda n: [torch.randint(3, 128, (int(k),), generator=gen).tolist() for k in torch.randint(4, 12, (n,))]  # noqa: E731
+    return CalibrationTask(
+        name=name, calibration=make(num_calibration), test=make(num_test), decode=decode,
+        score=lambda index, text: float(len(text) > 0), quality_metric="nonempty",
+    )
+
+
+SETTINGS = CalibrateConfig(
+    models=["tiny"], tasks=["a", "b"], measures=["softmax", "state"], kv_strategies=["propagate", "recompute"],
+    deltas=[0.3, 0.6], epsilon=0.05, thresholds=[1.0, 0.6, 0.2, 0.0], min_exit_layer=1, exit_every=1,
+    num_calibration=8, num_test=3, max_new_tokens=8,
+)
+
+
+@pytest.fixture(scope="module")
+def report_and_calls(tiny_model):
+    calls: dict[str, int] = {}
+    original = DecodingMethod.generate
+
+    def counting(self, prompt_ids, max_new_tokens, stop=None):
+        calls[self.name] = calls.get(self.name, 0) + 1
+        return original(self, prompt_ids, max_new_tokens, stop)
+
+    DecodingMethod.generate = counting
+    try:
+        tasks = [tiny_task("a", 8, 3, seed=3), tiny_task("b", 8, 3, seed=4)]
+        report = calibrate_model(tiny_model, tasks, SETTINGS)
+    finally:
+        DecodingMethod.generate = original
+    return report, calls
+
+
+def test_report_structure(report_and_calls):
+    report, _ = report_and_calls
+    assert set(report) == {"num_layers", "risk", "risk_definition", "results", "curves", "greedy_time_per_token_ms"}
+    assert report["num_layers"] == 4 and report["risk"] == "textual"
+    results, curves = report["results"], report["curves"]
+    assert len(results) == 2 * 2 * 2 * 2  # tasks x measures x kv_strategies x deltas
+    assert len(curves) == 2 * 2 * 2
+    keys = {
+        "task", "measure", "kv_strategy", "delta", "epsilon", "threshold", "threshold_index", "certified", "pvalue",
+        "best_possible_pvalue",
+        "calibration_mean_risk", "test_risk", "risk_ok", "avg_exit_layer", "speedup_vs_greedy", "quality",
+        "num_calibration", "num_test",
+    }
+    for row in results:
+        assert set(row) == keys
+        assert row["threshold"] in [*SETTINGS.thresholds, 1.0]
+        assert 0.0 <= row["test_risk"] <= 1.0 and row["risk_ok"] == (row["test_risk"] <= row["delta"])
+        assert row["speedup_vs_greedy"] > 0 and 1.0 <= row["avg_exit_layer"] <= 4.0
+        assert row["quality"] == {"metric": "nonempty", "calm": 1.0, "greedy": 1.0}
+        if row["certified"]:
+            assert row["best_possible_pvalue"] <= row["pvalue"] <= SETTINGS.epsilon
+            assert SETTINGS.thresholds[row["threshold_index"]] == row["threshold"]
+        else:
+            assert row["threshold"] == 1.0 and row["pvalue"] is None and row["test_risk"] == 0.0
+    for curve in curves:
+        assert curve["thresholds"] == SETTINGS.thresholds
+        for key in ("calibration_mean_risk", "avg_exit_layer", "speedup_vs_greedy", "time_per_token_ms"):
+            assert len(curve[key]) == len(SETTINGS.thresholds)
+        assert set(curve["pvalues"]) == {"0.3", "0.6"}
+        assert curve["calibration_mean_risk"][0] == 0.0  # lambda = 1 is the full model
+        assert curve["avg_exit_layer"][0] == 4.0
+        assert curve["avg_exit_layer"][-1] < 4.0  # threshold 0 exits early
+    assert set(report["greedy_time_per_token_ms"]) == {"a", "b"}
+
+
+def test_a_larger_delta_never_picks_a_more_conservative_threshold(report_and_calls):
+    report, _ = report_and_calls
+    by_setting: dict[tuple, dict[float, float]] = {}
+    for row in report["results"]:
+        by_setting.setdefault((row["task"], row["measure"], row["kv_strategy"]), {})[row["delta"]] = row["threshold"]
+    assert all(chosen[0.6] <= chosen[0.3] for chosen in by_setting.values())
+    assert any(row["certified"] for row in report["results"]), "nothing was certified: the check exercised nothing"
+
+
+def test_each_generation_is_made_once(report_and_calls):
+    report, calls = report_and_calls
+    tasks, settings, warmup = 2, 2 * 2, 1  # settings: measures x kv_strategies
+    # greedy: once per calibration and test example (+ an untimed warm-up per task)
+    assert calls["autoregressive"] == tasks * (8 + 3 + warmup)
+    # calm: once per (calibration example, setting, threshold); on test once per distinct chosen threshold
+    chosen = {(r["task"], r["measure"], r["kv_strategy"], r["threshold"]) for r in report["results"]}
+    expected = tasks * (settings * warmup + 8 * settings * len(SETTINGS.thresholds)) + 3 * len(chosen)
+    assert calls["calm"] == expected
+
+
+def test_token_risk_option(tiny_model):
+    settings = SETTINGS.model_copy(update={"risk": "risk", "measures": ["softmax"], "kv_strategies": ["propagate"],
+                                           "num_calibration": 2, "num_test": 1, "deltas": [0.5]})
+    report = calibrate_model(tiny_model, [tiny_task("a", 2, 1)], settings)
+    assert report["risk_definition"].startswith("fraction of token positions")
+    assert len(report["results"]) == 1
+
+
+def test_risk_functions():
+    assert textual_risk("the cat sat", "the cat sat") == 0.0
+    assert textual_risk("the cat sat", "a dog ran") == 1.0
+    assert textual_risk("the cat sat", "the cat") == pytest.approx(1 - 0.8)  # LCS 2: P 2/3, R 1, F 0.8
+    assert token_mismatch_risk([1, 2, 3], [1, 2, 3]) == 0.0
+    assert token_mismatch_risk([1, 2, 3], [1, 5, 3, 4]) == pytest.approx(0.5)
+    assert token_mismatch_risk([], []) == 0.0
+
+
+def test_malformed_inputs_are_one_line_errors(tiny_model):
+    good = tiny_task("a", 2, 1)
+    empty = CalibrationTask(name="bad", calibration=[], test=good.test, decode=decode)
+    with pytest.raises(ExitbenchError, match="task 'bad' has no calibration prompts"):
+        calibrate_model(tiny_model, [empty], SETTINGS)
+    junk = CalibrationTask(name="bad", calibration=[["x"]], test=good.test, decode=decode)
+    with pytest.raises(ExitbenchError, match="not a non-empty list of token ids"):
+        calibrate_model(tiny_model, [junk], SETTINGS)
+    with pytest.raises(ExitbenchError, match="strictly decrease"):
+        calibrate_model(tiny_model, [good], SETTINGS.model_copy(update={"thresholds": [0.5, 0.9]}))
+    with pytest.raises(ExitbenchError, match=r"within \[0, 1\]"):
+        check_thresholds([2.0, 0.5])
+    with pytest.raises(ExitbenchError, match="needs a trained classifier file"):
+        calibrate_model(tiny_model, [good], SETTINGS.model_copy(update={"measures": ["classifier"]}))
+    with pytest.raises(ExitbenchError, match="no tasks"):
+        calibrate_model(tiny_model, [], SETTINGS)
+
+
+# --------------------------------------------------------------------------------- splits and files
+
+
+def topv2_rows(n: int, tag: str) -> list[dict]:
+    return [{"domain": "alarm", "utterance": f"{tag} {i}", "semantic_parse": f"[IN:X {i} ]"} for i in range(n)]
+
+
+def cnndm_rows(n: int) -> list[dict]:
+    return [{"id": f"r{i}", "article": f"article {i}", "highlights": f"summary {i}"} for i in range(n)]
+
+
+def test_calibration_and_test_rows_are_disjoint():
+    topv2 = build_task("topv2")
+    cal, test = calibration_samples(topv2, {"eval": topv2_rows(5, "eval"), "test": topv2_rows(5, "test")}, 3, 2)
+    assert [s.prompt for s in cal] == ["eval 0\n", "eval 1\n", "eval 2\n"]
+    assert [s.prompt for s in test] == ["test 0\n", "test 1\n"]
+
+    cnndm = build_task("cnndm")
+    rows = cnndm_rows(40)
+    cal, test = calibration_samples(cnndm, {"test": rows}, 4, 3)
+    assert [s.sample_id for s in test] == ["r0", "r1", "r2"]  # evaluate's first rows, same prompts
+    assert [s.sample_id for s in cal] == ["r16", "r17", "r18", "r19"]  # just before the 20-row one-shot pool
+    evaluated = build_task("cnndm").samples(rows, 3)
+    assert [s.prompt for s in evaluated] == [s.prompt for s in test]
+    with pytest.raises(ExitbenchError, match="needs 30 rows of test"):
+        calibration_samples(build_task("cnndm"), {"test": cnndm_rows(29)}, 5, 5)
+
+
+def test_missing_model_names_the_stage_that_makes_it(tmp_path):
+    with pytest.raises(ExitbenchError, match="dvc repro prepare_model"):
+        model_dir_or_error(tmp_path, "base")
+    with pytest.raises(ExitbenchError, match="dvc repro train"):
+        model_dir_or_error(tmp_path, "layerskip")
+    cfg = Config(profile="cpu", calibrate=CalibrateConfig(models=["base"]))
+    with pytest.raises(ExitbenchError, match="model 'base' not found"):
+        run_calibrate_stage(cfg, tmp_path / "models", tmp_path / "data", tmp_path / "out", tmp_path / "clf")
