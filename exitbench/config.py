@@ -297,7 +297,11 @@ def load_stage(path: str | Path) -> Config:
     path = Path(path)
     if not path.exists():
         raise ExitbenchError(f"{path}: not found; run `dvc repro configure` (or the whole pipeline) first")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        hint = "re-run `dvc repro configure`"
+        raise ExitbenchError(f"{path}: not valid JSON ({err.msg}, line {err.lineno}); {hint}") from None
     try:
         return Config.model_validate(data)
     except ValidationError as err:
