@@ -18,7 +18,7 @@ from exitbench.config import BaseConfig, Config, TrainConfig, TrainVariant
 from exitbench.models.load import load_causal_lm
 from exitbench.models.tiny import random_llama
 from exitbench.training.corpora import DataOrder, Example, build_corpus, collate, pack
-from exitbench.training.trainer import TrainPaths, train
+from exitbench.training.trainer import TrainPaths, micro_batches, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,6 +168,22 @@ def test_training_lowers_the_loss_and_writes_outputs(workspace):
     )
     assert (paths.out / "tokenizer.json").exists()
     assert not list(paths.out.parent.glob(".learn.*"))
+
+
+def test_micro_batches_sort_by_length_and_cover_every_row_once():
+    lengths = [5, 9, 2, 7, 9, 1]
+    chunks = micro_batches(range(6), lengths, 4)
+    assert chunks == [[5, 2, 0, 3], [1, 4]]
+    assert micro_batches(range(2, 6), lengths, 2) == [[5, 2], [3, 4]]  # a rank's shard keeps its rows
+
+
+def test_gradient_accumulation_matches_one_batch(workspace):
+    one = train(variant(steps=3, batch_size=4, p_max=0.0), BASE, paths_for(workspace, "accum1"), progress=False)
+    two = train(
+        variant(steps=3, batch_size=2, grad_accum=2, p_max=0.0), BASE, paths_for(workspace, "accum2"), progress=False
+    )
+    for a, b in zip(one["history"], two["history"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
 
 
 def _state(path: Path) -> dict[str, torch.Tensor]:
