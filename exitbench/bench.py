@@ -30,7 +30,6 @@ import copy
 import csv
 import dataclasses
 import io
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -52,11 +51,10 @@ from exitbench.evaluation import encode_prompt, first_divergence, stop_rule
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
-from exitbench.subvocab import frequent_token_ids
+from exitbench.subvocab import task_train_path, write_task_draft_vocab
 from exitbench.tasks.registry import Task, build_task
 
 BASELINE = "autoregressive"
-MAX_VOCAB_ROWS = 20_000  # training rows counted for the draft sub-vocabulary
 SHARED_VERIFY = frozenset({"self_speculative"})  # methods whose verify pass starts at layer E
 COLUMNS = (
     "model",
@@ -364,17 +362,12 @@ def write_draft_vocab(
     task: Task, data_dir: str | Path, tokenizer: Any, size: int, stop: StopRule, out_dir: str | Path, model_name: str
 ) -> Path:
     """The ``size`` most frequent tokens of the task's train split (never its test data), plus EOS."""
-    path = Path(data_dir) / task.name / "train.jsonl"
-    if not path.exists():
-        raise ExitbenchError(f"bench_decoding: draft_vocab_size needs {path}; set bench.draft_vocab_size: 0")
-    rows = list(read_jsonl(path))[:MAX_VOCAB_ROWS]
-    texts = [sample.prompt + sample.reference for sample in task.samples(rows, len(rows))]
-    ids = frequent_token_ids(
-        (tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts), size, stop.eos_token_ids
-    )
     target = Path(out_dir) / f"draft_vocab_{model_name}.json"
-    atomic_write_text(target, json.dumps(ids) + "\n")
-    return target
+    written = write_task_draft_vocab(task, data_dir, tokenizer, size, stop.eos_token_ids, target)
+    if written is None:
+        path = task_train_path(task, data_dir)
+        raise ExitbenchError(f"bench_decoding: draft_vocab_size needs {path}; set bench.draft_vocab_size: 0")
+    return written
 
 
 def load_prompt_texts(task: Task, data_dir: str | Path, num_prompts: int) -> list[str]:

@@ -107,6 +107,12 @@ class EvaluateConfig(Section):
     }
     chat_template: bool = False
     sandbox_timeout_s: float = Field(10.0, gt=0)
+    draft_vocab_size: int = Field(
+        0,
+        ge=0,
+        description="> 0: self_speculative drafts over the N most frequent tokens of the task's train split "
+        "(tasks without one draft over the whole vocabulary); outputs stay exact",
+    )
 
 
 class BenchConfig(Section):

@@ -30,9 +30,11 @@ from exitbench.errors import ExitbenchError
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
+from exitbench.subvocab import write_task_draft_vocab
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
 BASELINE = "autoregressive"
+SUBVOCAB_METHOD = "self_speculative"  # the method that takes evaluate.draft_vocab_size
 
 
 @dataclass
@@ -246,6 +248,19 @@ def _compare(records: list[dict[str, Any]], greedy: list[dict[str, Any]]) -> dic
     }
 
 
+def draft_vocab_for(
+    cfg: Config, ctx: EvalContext, task: Task, stop: StopRule, data_dir: Path, target_dir: Path
+) -> Path | None:
+    """The draft sub-vocabulary file of (model, task) when ``evaluate.draft_vocab_size`` asks for one and the
+    task has a train split to count tokens in; else None (self-speculation drafts over the whole vocabulary).
+    """
+    size = cfg.evaluate.draft_vocab_size
+    if not size:
+        return None
+    target = target_dir / "draft_vocab.json"
+    return write_task_draft_vocab(task, data_dir, ctx.tokenizer, size, stop.eos_token_ids, target)
+
+
 def evaluate_model_task(
     cfg: Config, ctx: EvalContext, task_name: str, data_dir: Path, out_dir: Path
 ) -> dict[str, dict[str, Any]]:
@@ -258,8 +273,11 @@ def evaluate_model_task(
     methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE]
     summaries: dict[str, dict[str, Any]] = {}
     greedy_records = None
+    draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, out_dir / ctx.name / task_name)
     for name in methods:
         options = cfg.evaluate.methods.get(name, {})
+        if name == SUBVOCAB_METHOD and draft_vocab is not None:
+            options = {**options, "draft_vocab_file": str(draft_vocab)}
         method = build_method(name, ctx.model, options, draft_model=ctx.draft)
         settings = {
             "model": ctx.model_key,

@@ -7,8 +7,16 @@ token the output stays exact (only acceptance can drop, when the right token is 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from exitbench.data.io import atomic_write_text, read_jsonl
+from exitbench.tasks.registry import Task
+
+MAX_VOCAB_ROWS = 20_000  # training rows counted for a draft sub-vocabulary
 
 
 def frequent_token_ids(token_lists: Iterable[Sequence[int]], size: int, always: Iterable[int] = ()) -> list[int]:
@@ -17,3 +25,23 @@ def frequent_token_ids(token_lists: Iterable[Sequence[int]], size: int, always: 
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     chosen = {token for token, _ in ranked[:size]}
     return sorted(chosen | set(always))
+
+
+def task_train_path(task: Task, data_dir: str | Path) -> Path:
+    """Where a task's training rows would be: ``<data>/<task>/train.jsonl``."""
+    return Path(data_dir) / task.name / "train.jsonl"
+
+
+def write_task_draft_vocab(
+    task: Task, data_dir: str | Path, tokenizer: Any, size: int, always: Iterable[int], target: str | Path
+) -> Path | None:
+    """Write the ``size`` most frequent tokens of the task's train split (prompt + reference, never test
+    data), plus ``always`` (the stop tokens), as a JSON list to ``target``; None when there is no train split.
+    """
+    path = task_train_path(task, data_dir)
+    if not path.exists():
+        return None
+    rows = list(read_jsonl(path))[:MAX_VOCAB_ROWS]
+    texts = [sample.prompt + sample.reference for sample in task.samples(rows, len(rows))]
+    ids = frequent_token_ids((tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts), size, always)
+    return atomic_write_text(Path(target), json.dumps(ids) + "\n")

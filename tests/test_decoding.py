@@ -140,3 +140,24 @@ def test_self_speculative_with_draft_subvocabulary_stays_exact(tiny_model, greed
         build_method(
             "self_speculative", tiny_model, {**options, "draft_vocab_file": str(tmp_path / "no.json")}
         ).generate(prompts()[0], 4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_project_equals_linear_for_every_row_count(rows):
+    from exitbench.models.view import project
+
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
+    x = torch.randn(1, rows, 32, generator=gen)
+    with torch.inference_mode():
+        got = project(x, weight, bias)
+    assert got.shape == (1, rows, 48)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_project_keeps_autograd_on_linear():
+    from exitbench.models.view import project
+
+    weight = torch.randn(8, 4, requires_grad=True)
+    project(torch.randn(1, 1, 4), weight).sum().backward()
+    assert weight.grad is not None and weight.grad.shape == (8, 4)

@@ -142,3 +142,20 @@ def test_registered_tasks_build_prompts(name):
     if name == "topv2":
         assert task.score(samples[0], " [IN:CREATE_ALARM ] ")["exact_match"] == 1.0
         assert task.aggregate(samples, [{"exact_match": 1.0}])["per_domain"] == {"alarm": 1.0}
+
+
+def test_task_draft_vocab_counts_the_train_split_only(tmp_path):
+    from exitbench.subvocab import write_task_draft_vocab
+    from exitbench.tasks.registry import build_task
+
+    task = build_task("topv2")
+
+    def tokenizer(text, add_special_tokens=False):
+        return {"input_ids": [ord(char) for char in text]}
+
+    assert write_task_draft_vocab(task, tmp_path, tokenizer, 4, [0], tmp_path / "v.json") is None  # no train split
+    (tmp_path / "topv2").mkdir()
+    row = {"domain": "alarm", "utterance": "aaa", "semantic_parse": "[IN:X ]"}
+    (tmp_path / "topv2" / "train.jsonl").write_text(json.dumps(row) + "\n")
+    path = write_task_draft_vocab(task, tmp_path, tokenizer, 1, [0], tmp_path / "v.json")
+    assert json.loads(path.read_text()) == [0, ord("a")]  # the most frequent token, plus the stop token
