@@ -163,6 +163,21 @@ def calibrate_threshold(
     return CalibrationResult(threshold=threshold, index=index, pvalues=pvalues, mean_risks=mean_risks, n=n)
 
 
+def min_calibration_size(delta: float, epsilon: float) -> int:
+    """The least calibration-set size ``n`` at which any threshold can be certified (CALM §4, LTT).
+
+    A threshold is certified when its Hoeffding-Bentkus p-value is at most ``epsilon``; the smallest
+    p-value ``n`` examples can give is at zero mean risk, ``(1 - delta)^n`` (both parts agree there), so
+    ``n >= log(epsilon) / log(1 - delta)``. Below this size only the fallback ``lambda = 1`` is possible.
+    """
+    delta = _check_open_unit(delta, "delta")
+    epsilon = _check_open_unit(epsilon, "epsilon")
+    n = max(1, math.ceil(math.log(epsilon) / math.log1p(-delta) - 1e-9))
+    while hoeffding_bentkus_pvalue(0.0, n, delta) > epsilon:  # guard the float rounding of the bound
+        n += 1
+    return n
+
+
 def decaying_threshold(lam: float, t: int, num_tokens: int, tau: float) -> float:
     """CALM Eq. 5: ``lambda'(t) = clip_[0,1](0.9 * lam + 0.1 * exp(-tau * t / N))``.
 

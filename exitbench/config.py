@@ -131,20 +131,22 @@ class BenchConfig(Section):
 
 
 class CalibrateConfig(Section):
+    """CALM's Learn-then-Test calibration (CALM §4); the defaults are the cpu profile's."""
+
     models: list[str] = ["base", "layerskip", "calm"]
     tasks: list[str] = ["cnndm", "humaneval", "topv2"]
-    measures: list[Literal["softmax", "state", "classifier"]] = ["softmax", "state"]
+    measures: list[Literal["softmax", "state", "classifier"]] = ["softmax"]
     kv_strategies: list[Literal["propagate", "recompute", "monotonic"]] = ["propagate", "recompute", "monotonic"]
-    deltas: list[float] = [0.1, 0.2]
+    deltas: list[float] = Field([0.1, 0.2, 0.3], min_length=1, description="risk bounds, each in (0, 1)")
     epsilon: float = Field(0.05, gt=0, lt=1)
     risk: Literal["textual", "token"] = "textual"  # 1 - ROUGE-L vs the full model, or token mismatch
-    thresholds: list[float] = [1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    thresholds: list[float] = [0.9, 0.7, 0.5]  # strictly decreasing, in [0, 1] (checked by the stage)
     tau: float = 4.0
     min_exit_layer: int = Field(4, ge=1)
     exit_every: int = Field(2, ge=1)
-    num_calibration: int = Field(8, ge=1)
-    num_test: int = Field(8, ge=1)
-    max_new_tokens: int = Field(32, ge=1)
+    num_calibration: int = Field(30, ge=1)
+    num_test: int = Field(5, ge=1)
+    max_new_tokens: int = Field(10, ge=1)
 
 
 class ProbeConfig(Section):

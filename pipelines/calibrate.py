@@ -3,8 +3,11 @@
     python pipelines/calibrate.py --config build/config/calibrate.json --models-dir models --data data \
         --out results/calibrate
 
-Prints one line per (model, task, measure, kv_strategy, delta); a user-fixable problem prints
-``error: <message>`` on stderr and exits with status 2.
+Every finished generation is appended to results/calibrate/<model>/generations.jsonl, so a rerun after a
+kill makes only the missing ones (DVC keeps the folder: ``persist: true``). Speed-ups are decode-phase
+times per token, greedy and calm continuing one shared prefill per prompt. Prints one line per (model, task,
+measure, kv_strategy, delta); a user-fixable problem prints ``error: <message>`` on stderr and exits with
+status 2.
 """
 
 from __future__ import annotations

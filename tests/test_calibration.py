@@ -16,6 +16,7 @@ from exitbench.calibration import (
     fixed_sequence_test,
     hoeffding_bentkus_pvalue,
     hoeffding_pvalue,
+    min_calibration_size,
 )
 from exitbench.errors import ExitbenchError
 
@@ -227,3 +228,14 @@ def test_decaying_threshold_clips_to_unit_interval() -> None:
 def test_decaying_threshold_rejects_bad_input(lam: float, t: int, num_tokens: int, tau: float) -> None:
     with pytest.raises(ExitbenchError):
         decaying_threshold(lam, t, num_tokens, tau)
+
+
+@pytest.mark.parametrize(("delta", "expected"), [(0.1, 29), (0.2, 14), (0.3, 9)])
+def test_min_calibration_size_is_the_least_n_that_can_certify(delta, expected):
+    """The params.yaml comment's numbers: at epsilon .05 a zero-risk threshold is certified from these n on."""
+    n = min_calibration_size(delta, 0.05)
+    assert n == expected
+    assert hoeffding_bentkus_pvalue(0.0, n, delta) <= 0.05 < hoeffding_bentkus_pvalue(0.0, n - 1, delta)
+    assert calibrate_threshold([0.5], [[0.0] * n], delta, 0.05).index == 0
+    assert calibrate_threshold([0.5], [[0.0] * (n - 1)], delta, 0.05).index == -1
+    assert min_calibration_size(0.99, 0.5) == 1

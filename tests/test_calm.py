@@ -23,7 +23,7 @@ from exitbench.confidence import (
 from exitbench.decoding import build_method
 from exitbench.decoding import calm as calm_module
 from exitbench.decoding.calm import candidate_layers, step_threshold
-from exitbench.decoding.steps import draft_hidden, greedy, new_cache_for, prefill
+from exitbench.decoding.steps import clone_cache, draft_hidden, greedy, new_cache_for, prefill, prefill_prompt
 from exitbench.errors import ExitbenchError
 
 NUM_LAYERS = 4
@@ -100,6 +100,39 @@ def test_always_exiting_at_one_layer_equals_static_early_exit(tiny_model, kv_str
         reference = static.generate(prompt, MAX_NEW).tokens
         if reference[0] == result.tokens[0]:
             assert reference == result.tokens
+
+
+# ---------------------------------------------------------------------------------------- shared prefill
+
+
+def test_shared_prefill_gives_the_same_outputs_for_greedy_and_every_kv_strategy(tiny_model):
+    """One prefill per prompt, continued by greedy and every calm setting, equals each method's own prefill."""
+    settings = [{"threshold": t, "kv_strategy": k, "measure": m} for t in (0.0, 0.3, 0.6, math.inf)
+                for k in STRATEGIES for m in ("softmax", "state")]
+    methods = [build_method("autoregressive", tiny_model)] + [build_method("calm", tiny_model, o) for o in settings]
+    exited = 0
+    for prompt in prompts():
+        shared = prefill_prompt(tiny_model, prompt, MAX_NEW)
+        keys, lengths = shared.cache.keys.clone(), list(shared.cache.lengths)
+        for method in methods:
+            normal = method.generate(prompt, MAX_NEW)
+            continued = method.generate_from_prefill(shared, MAX_NEW)
+            assert continued.tokens == normal.tokens and continued.exit_layers == normal.exit_layers
+            assert continued.layer_calls == normal.layer_calls
+            assert continued.prefill_time_s == 0.0 and normal.prefill_time_s > 0.0
+            exited += sum(layer < NUM_LAYERS for layer in continued.exit_layers)
+        assert shared.first_token == normal.tokens[0]
+        assert torch.equal(shared.cache.keys, keys) and shared.cache.lengths == lengths  # never written
+    assert exited > 0, "no token exited early: the check exercised nothing"
+
+
+def test_cloned_cache_is_independent(tiny_model):
+    shared = prefill_prompt(tiny_model, prompts()[0], 4)
+    copy = clone_cache(shared.cache)
+    assert copy.capacity == shared.cache.capacity and copy.lengths == shared.cache.lengths
+    copy.crop(1)
+    copy.keys.zero_()
+    assert shared.cache.lengths == [5] * NUM_LAYERS and shared.cache.keys.abs().sum() > 0
 
 
 # --------------------------------------------------------------------------------------- KV strategies

@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from exitbench import calm_calibration
 from exitbench.calm_calibration import (
+    SPEEDUP_MEASURES,
     CalibrationTask,
+    Generation,
+    GenerationStore,
     calibrate_model,
     calibration_samples,
     check_thresholds,
     model_dir_or_error,
+    model_identity,
+    own_greedy_sequences,
+    remove_stale_reports,
     run_calibrate_stage,
+    speedup,
     textual_risk,
+    time_per_token_ms,
     token_mismatch_risk,
 )
 from exitbench.config import CalibrateConfig, Config
+from exitbench.decoding import build_method
+from exitbench.decoding.autoregressive import Autoregressive
 from exitbench.decoding.base import DecodingMethod
+from exitbench.decoding.calm import Calm
 from exitbench.errors import ExitbenchError
 from exitbench.tasks.registry import build_task
 
@@ -27,7 +41,11 @@ def decode(ids) -> str:
 
 def tiny_task(name: str, num_calibration: int, num_test: int, seed: int = 3) -> CalibrationTask:
     gen = torch.Generator().manual_seed(seed)
-    make = lambda n: [torch.randint(3, 128, (int(k),), generator=gen).tolist() for k in torch.randint(4, 12, (n,))]  # noqa: E731
+
+    def make(n: int) -> list[list[int]]:
+        lengths = torch.randint(4, 12, (n,), generator=gen).tolist()
+        return [torch.randint(3, 128, (k,), generator=gen).tolist() for k in lengths]
+
     return CalibrationTask(
         name=name, calibration=make(num_calibration), test=make(num_test), decode=decode,
         score=lambda index, text: float(len(text) > 0), quality_metric="nonempty",
@@ -41,36 +59,46 @@ SETTINGS = CalibrateConfig(
 )
 
 
+def counting_calls(monkeypatch) -> dict[str, int]:
+    """Count prefills, decodes from a shared prefill (per method) and generations with their own prefill."""
+    calls: dict[str, int] = {}
+
+    def counted(name: str, function):
+        def wrapper(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(calm_calibration, "prefill_prompt", counted("prefill", calm_calibration.prefill_prompt))
+    monkeypatch.setattr(DecodingMethod, "generate", counted("generate", DecodingMethod.generate))
+    for cls in (Autoregressive, Calm):
+        monkeypatch.setattr(cls, "generate_from_prefill", counted(cls.name, cls.generate_from_prefill))
+    return calls
+
+
 @pytest.fixture(scope="module")
 def report_and_calls(tiny_model):
-    calls: dict[str, int] = {}
-    original = DecodingMethod.generate
-
-    def counting(self, prompt_ids, max_new_tokens, stop=None):
-        calls[self.name] = calls.get(self.name, 0) + 1
-        return original(self, prompt_ids, max_new_tokens, stop)
-
-    DecodingMethod.generate = counting
-    try:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = counting_calls(monkeypatch)
         tasks = [tiny_task("a", 8, 3, seed=3), tiny_task("b", 8, 3, seed=4)]
         report = calibrate_model(tiny_model, tasks, SETTINGS)
-    finally:
-        DecodingMethod.generate = original
     return report, calls
 
 
 def test_report_structure(report_and_calls):
     report, _ = report_and_calls
-    assert set(report) == {"num_layers", "risk", "risk_definition", "results", "curves", "greedy_time_per_token_ms"}
+    assert set(report) == {"num_layers", "risk", "risk_definition", "speedup_measures", "results", "curves",
+                           "greedy_time_per_token_ms", "prefill_time_ms", "generations"}
+    assert report["speedup_measures"] == SPEEDUP_MEASURES and "prefill excluded" in SPEEDUP_MEASURES
     assert report["num_layers"] == 4 and report["risk"] == "textual"
     results, curves = report["results"], report["curves"]
     assert len(results) == 2 * 2 * 2 * 2  # tasks x measures x kv_strategies x deltas
     assert len(curves) == 2 * 2 * 2
     keys = {
         "task", "measure", "kv_strategy", "delta", "epsilon", "threshold", "threshold_index", "certified", "pvalue",
-        "best_possible_pvalue",
+        "best_possible_pvalue", "min_num_calibration",
         "calibration_mean_risk", "test_risk", "risk_ok", "avg_exit_layer", "speedup_vs_greedy", "quality",
-        "num_calibration", "num_test",
+        "time_per_token_ms", "greedy_time_per_token_ms", "num_calibration", "num_test",
     }
     for row in results:
         assert set(row) == keys
@@ -91,7 +119,9 @@ def test_report_structure(report_and_calls):
         assert curve["calibration_mean_risk"][0] == 0.0  # lambda = 1 is the full model
         assert curve["avg_exit_layer"][0] == 4.0
         assert curve["avg_exit_layer"][-1] < 4.0  # threshold 0 exits early
-    assert set(report["greedy_time_per_token_ms"]) == {"a", "b"}
+    assert set(report["greedy_time_per_token_ms"]) == {"a", "b"} == set(report["prefill_time_ms"])
+    assert all(ms > 0 for splits in report["prefill_time_ms"].values() for ms in splits.values())
+    assert report["generations"]["reused"] == 0
 
 
 def test_a_larger_delta_never_picks_a_more_conservative_threshold(report_and_calls):
@@ -103,15 +133,104 @@ def test_a_larger_delta_never_picks_a_more_conservative_threshold(report_and_cal
     assert any(row["certified"] for row in report["results"]), "nothing was certified: the check exercised nothing"
 
 
-def test_each_generation_is_made_once(report_and_calls):
+def test_each_generation_is_made_once_from_one_prefill_per_prompt(report_and_calls):
     report, calls = report_and_calls
     tasks, settings, warmup = 2, 2 * 2, 1  # settings: measures x kv_strategies
+    assert calls["prefill"] == tasks * (8 + 3)  # one shared prefill per prompt
+    assert "generate" not in calls  # no generation ran a prefill of its own
     # greedy: once per calibration and test example (+ an untimed warm-up per task)
     assert calls["autoregressive"] == tasks * (8 + 3 + warmup)
     # calm: once per (calibration example, setting, threshold); on test once per distinct chosen threshold
     chosen = {(r["task"], r["measure"], r["kv_strategy"], r["threshold"]) for r in report["results"]}
     expected = tasks * (settings * warmup + 8 * settings * len(SETTINGS.thresholds)) + 3 * len(chosen)
     assert calls["calm"] == expected
+    assert report["generations"]["made"] == calls["autoregressive"] + calls["calm"] - tasks * (1 + settings)
+
+
+def test_timing_is_per_decoded_token_without_prefill():
+    def gen(tokens: int, decode_s: float) -> Generation:
+        return Generation(list(range(tokens)), "", decode_s, prefill_time_s=5.0)
+
+    greedy, calm = [gen(5, 0.4), gen(3, 0.2)], [gen(5, 0.1), gen(1, 0.0)]
+    assert time_per_token_ms(greedy) == pytest.approx(1000 * 0.6 / 6)  # 4 + 2 decoded tokens
+    assert time_per_token_ms(calm) == pytest.approx(1000 * 0.1 / 4)
+    assert speedup(greedy, calm) == pytest.approx(4.0)
+    assert time_per_token_ms([gen(1, 0.0)]) is None and speedup(greedy, [gen(1, 0.0)]) is None
+
+
+# ------------------------------------------------------------------------------------------ resuming
+
+SMALL = SETTINGS.model_copy(update={"measures": ["softmax"], "thresholds": [1.0, 0.2, 0.0], "deltas": [0.5],
+                                    "num_calibration": 4, "num_test": 2})
+TIMINGS = {"speedup_vs_greedy", "time_per_token_ms", "greedy_time_per_token_ms"}
+
+
+def without_timings(report: dict) -> dict:
+    """The report minus everything measured in seconds (which a fresh generation measures anew)."""
+    drop = lambda row: {k: v for k, v in row.items() if k not in TIMINGS}  # noqa: E731
+    return {"results": [drop(r) for r in report["results"]], "curves": [drop(c) for c in report["curves"]]}
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_rerun_reuses_every_stored_generation(tiny_model, tmp_path):
+    path = tmp_path / "tiny" / "generations.jsonl"
+    first = calibrate_model(tiny_model, [tiny_task("a", 4, 2)], SMALL, store=GenerationStore(path, {"model": "x"}))
+    made = first["generations"]["made"]
+    assert made == len(path.read_text().splitlines()) > 0 and first["generations"]["reused"] == 0
+    again = calibrate_model(tiny_model, [tiny_task("a", 4, 2)], SMALL, store=GenerationStore(path, {"model": "x"}))
+    assert again["generations"] == {"made": 0, "reused": made}
+    same = lambda report: {k: v for k, v in report.items() if k != "generations"}  # noqa: E731
+    assert same(again) == same(first)  # timings included: they are stored
+    # Another model (context) or budget shares nothing.
+    other = calibrate_model(tiny_model, [tiny_task("a", 4, 2)], SMALL, store=GenerationStore(path, {"model": "y"}))
+    assert other["generations"] == {"made": made, "reused": 0}
+    longer = SMALL.model_copy(update={"max_new_tokens": 9})
+    assert calibrate_model(tiny_model, [tiny_task("a", 4, 2)], longer,
+                           store=GenerationStore(path, {"model": "x"}))["generations"]["reused"] == 0
+
+
+def test_a_killed_run_resumes_where_it_stopped(tiny_model, tmp_path, monkeypatch):
+    reference = calibrate_model(tiny_model, [tiny_task("a", 4, 2)], SMALL)
+    total = reference["generations"]["made"]
+    path = tmp_path / "generations.jsonl"
+    put = GenerationStore.put
+
+    def dies_after(limit: int):
+        def put_then_maybe_die(self, key, fields, generation):
+            put(self, key, fields, generation)
+            if self.made == limit:
+                raise Killed
+        return put_then_maybe_die
+
+    monkeypatch.setattr(GenerationStore, "put", dies_after(7))
+    with pytest.raises(Killed):
+        calibrate_model(tiny_model, [tiny_task("a", 4, 2)], SMALL, store=GenerationStore(path))
+    with path.open("a") as handle:
+        handle.write('{"key": "torn", "generation": {"tok')  # killed in the middle of a line
+    monkeypatch.setattr(GenerationStore, "put", put)
+    resumed = calibrate_model(tiny_model, [tiny_task("a", 4, 2)], SMALL, store=GenerationStore(path))
+    assert resumed["generations"] == {"made": total - 7, "reused": 7}
+    assert without_timings(resumed) == without_timings(reference)
+    lines = path.read_text().splitlines()
+    assert len(lines) == total and all(json.loads(line)["key"] != "torn" for line in lines)
+    assert json.loads(lines[0])["fields"]["task"] == "a" and "decode_time_s" in json.loads(lines[0])["generation"]
+
+
+def test_model_identity_names_weights_and_config(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    before = model_identity(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"retrained")
+    assert model_identity(tmp_path) != before
+    (tmp_path / "model_info.json").write_text('{"saved_sha256": "abc"}')  # records the weights' hash itself
+    with_info = model_identity(tmp_path)
+    (tmp_path / "config.json").write_text('{"changed": true}')
+    assert model_identity(tmp_path) == with_info != before
+    (tmp_path / "model_info.json").write_text('{"saved_sha256": "def"}')
+    assert model_identity(tmp_path) != with_info
 
 
 def test_token_risk_option(tiny_model):
@@ -185,3 +304,20 @@ def test_missing_model_names_the_stage_that_makes_it(tmp_path):
     cfg = Config(profile="cpu", calibrate=CalibrateConfig(models=["base"]))
     with pytest.raises(ExitbenchError, match="model 'base' not found"):
         run_calibrate_stage(cfg, tmp_path / "models", tmp_path / "data", tmp_path / "out", tmp_path / "clf")
+
+
+def test_reports_of_models_no_longer_calibrated_are_removed(tmp_path):
+    for name in ("base", "layerskip", "calm"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "generations.jsonl").write_text("")
+    assert remove_stale_reports(tmp_path, ["layerskip"]) == [tmp_path / "base.json", tmp_path / "calm.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base", "layerskip.json"]  # generations are kept
+
+
+def test_classifier_sequences_are_the_models_own_greedy_outputs(tiny_model):
+    prompts = tiny_task("a", 3, 1).calibration
+    sequences = own_greedy_sequences(tiny_model, prompts, 6)
+    greedy = build_method("autoregressive", tiny_model)
+    for prompt, sequence in zip(prompts, sequences, strict=True):
+        assert sequence == prompt + greedy.generate(prompt, 6).tokens

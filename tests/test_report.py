@@ -15,7 +15,7 @@ from exitbench.errors import ExitbenchError
 from exitbench.replications import load_replications
 from exitbench.report.plots import write_plots
 from exitbench.report.results import load_results
-from exitbench.report.tables import render_readme, write_text_outputs
+from exitbench.report.tables import calibration_section, render_readme, write_text_outputs
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "results"
@@ -104,9 +104,64 @@ def test_readme_other_sections(tmp_path: Path) -> None:
     assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 |" in readme
     assert "| topv2 | layerskip | 0.32 | 0.79 | 0.97 | 1.00 |" in readme  # probe at layers 8, 15, 22, 30
     assert "| text | model | layer 8 | layer 15 | layer 22 | layer 30 |" in readme
-    assert "| layerskip | cnndm | softmax | propagate | 0.10 | 0.70 |" in readme
+    assert table_row("layerskip", "0.10", "propagate", "softmax", "0.70", "yes", "0.054", "0.059", "yes", "26.4",
+                     "1.66x", "0.095 / 0.100") in readme
     assert "| curriculum | rotational | gradual |" in readme  # ours vs the paper's TOPv2 recipe
     assert "| ls-t6-llama-1.5b-topv2-self-spec-e6 | llama-1.5b |" in readme  # cost-model prediction
+
+
+def table_row(*cells: str) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def synthetic_calibration(model: str) -> dict:
+    """A calibrate-stage file: certified, uncertified (too few rows), a test-risk violation, no speed-up."""
+    def row(task: str, delta: float, kv: str, **changes) -> dict:
+        base = {"task": task, "measure": "softmax", "kv_strategy": kv, "delta": delta, "epsilon": 0.05,
+                "threshold": 0.7, "threshold_index": 1, "certified": True, "calibration_mean_risk": 0.05,
+                "test_risk": 0.04, "risk_ok": True, "avg_exit_layer": 20.5, "speedup_vs_greedy": 1.25,
+                "quality": {"metric": "exact_match", "calm": 0.4, "greedy": 0.5},
+                "num_calibration": 12, "min_num_calibration": 9, "num_test": 3}
+        return {**base, **changes}
+
+    return {
+        "model": model, "num_layers": 30, "risk": "textual", "speedup_measures": "decode phase only",
+        "results": [
+            row("topv2", 0.3, "propagate"),
+            row("topv2", 0.1, "recompute", threshold=1.0, threshold_index=-1, certified=False,
+                calibration_mean_risk=0.0, test_risk=0.0, avg_exit_layer=30.0, speedup_vs_greedy=0.97,
+                min_num_calibration=29),
+            row("topv2", 0.3, "monotonic", test_risk=0.45, risk_ok=False, speedup_vs_greedy=None),
+            row("humaneval", 0.3, "propagate", quality={"metric": "pass@1", "calm": 0.0, "greedy": 0.0}),
+        ],
+        "curves": [],
+        "provenance": {"git_commit": "0123456789abcdef", "device": "cpu", "date": "2026-01-01", "command": "x"},
+    }
+
+
+def test_calibration_table_on_a_synthetic_file(results_copy: Path) -> None:
+    (results_copy / "calibrate" / "layerskip.json").write_text(json.dumps(synthetic_calibration("layerskip")))
+    (results_copy / "calibrate" / "calm.json").write_text(json.dumps(synthetic_calibration("calm")))
+    (results_copy / "calibrate" / "calm").mkdir()  # the generations folder is not a result file
+    (results_copy / "calibrate" / "calm" / "generations.jsonl").write_text("{}\n")
+    lines = calibration_section(load_results(results_copy))
+    text = "\n".join(lines)
+    assert "Speed-up: decode phase only." in text and "(2 of 8 rows)" in text
+    assert text.index("### humaneval") < text.index("### topv2")
+    certified = ("0.70", "yes", "0.050", "0.040", "yes", "20.5", "1.25x")
+    assert table_row("calm", "0.30", "propagate", "softmax", *certified, "0.400 / 0.500") in lines
+    assert table_row("calm", "0.30", "propagate", "softmax", *certified, "0.000 / 0.000") in lines  # humaneval
+    assert table_row("layerskip", "0.10", "recompute", "softmax", "fallback λ=1", "no (n=12 < 29)", "0.000", "0.000",
+                     "yes", "30.0", "0.97x", "0.400 / 0.500") in lines
+    assert table_row("layerskip", "0.30", "monotonic", "softmax", "0.70", "yes", "0.050", "0.450", "**no: violation**",
+                     "20.5", "–", "0.400 / 0.500") in lines
+    header = next(line for line in lines if line.startswith("| model | δ |"))
+    assert header.endswith("| quality calm / greedy (pass@1) |")
+    topv2 = lines[lines.index("### topv2"):]
+    assert [line.split(" | ")[0] for line in topv2 if line.startswith("| calm") or line.startswith("| layerskip")] == \
+        ["| calm"] * 3 + ["| layerskip"] * 3  # sorted by model, then δ, then KV strategy
+    row = load_results(results_copy).calibrations[0].rows[1]
+    assert row.certified is False and row.quality_metric == "exact_match" and row.quality_vs_greedy == 0.8
 
 
 def test_missing_optional_stages_say_not_run(results_copy: Path, tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ attend to. Three ways to fill them (``kv_strategy``):
     before it reads them.
 
 The prompt is prefilled through every layer, so the first token is the full model's (exit layer ``L``).
+:meth:`Calm.generate_from_prefill` continues a prefill made once and shared (e.g. with greedy decoding of
+the same prompt, :func:`exitbench.decoding.steps.prefill_prompt`), with token-identical results.
 ``threshold >= 1`` never exits early: the LTT fallback ``lambda = 1`` of CALM §4 means the full model
 (Eq. 5 alone would decay a threshold of 1 below 1 after the first token).
 """
@@ -45,7 +47,7 @@ from exitbench.confidence import (
     state_saturation,
 )
 from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
-from exitbench.decoding.steps import as_ids, finish, greedy, new_cache_for, prefill
+from exitbench.decoding.steps import Prefill, as_ids, decode_from_prefill, finish, greedy, new_cache_for, prefill
 from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel
@@ -200,25 +202,40 @@ class Calm(DecodingMethod):
         model = self.model
         start = time.perf_counter()
         cache = new_cache_for(model, len(prompt_ids), max_new_tokens)
-        tokens = [greedy(prefill(model, cache, prompt_ids))]
-        exit_layers = [model.num_layers]
+        first = greedy(prefill(model, cache, prompt_ids))
         prefill_time = time.perf_counter() - start
+        result = self._decode(cache, len(prompt_ids), first, max_new_tokens, stop)
+        result.prefill_time_s = prefill_time
+        return result
+
+    def generate_from_prefill(
+        self, prefilled: Prefill, max_new_tokens: int, stop: StopRule | None = None
+    ) -> DecodeResult:
+        """:meth:`generate`'s output, continuing a shared full-model prefill (left as it is); times decode only."""
+
+        def decode(cache: KVCache) -> DecodeResult:
+            return self._decode(cache, prefilled.prompt_len, prefilled.first_token, max_new_tokens, stop or StopRule())
+
+        return decode_from_prefill(self.model, prefilled, decode)
+
+    def _decode(self, cache: KVCache, prompt_len: int, first: int, max_new_tokens: int, stop: StopRule) -> DecodeResult:
+        """Every token after the prefill's ``first`` (exit layer ``L``), each exiting by the rule."""
+        model = self.model
+        tokens = [first]
+        exit_layers = [model.num_layers]
         calls = {
             "num_layers": model.num_layers, "token_layers": 0, "recomputed_token_layers": 0,
             "kv_only_token_layers": 0, "confidence_evaluations": 0,
         }
         strategy = STRATEGIES[self.options.kv_strategy](model, cache, calls)
         while len(tokens) < max_new_tokens and stop.cut(tokens, len(tokens) - 1) is None:
-            position = len(prompt_ids) + len(tokens) - 1
+            position = prompt_len + len(tokens) - 1
             threshold = step_threshold(self.options.threshold, len(tokens), max_new_tokens, self.options.tau)
             token, exit_layer = self._step(strategy, tokens[-1], position, threshold, calls)
             tokens.append(token)
             exit_layers.append(exit_layer)
         tokens = finish(tokens, max_new_tokens, stop)
-        return DecodeResult(
-            tokens=tokens, wall_time_s=0.0, prefill_time_s=prefill_time, layer_calls=calls,
-            exit_layers=exit_layers[: len(tokens)],
-        )
+        return DecodeResult(tokens=tokens, wall_time_s=0.0, layer_calls=calls, exit_layers=exit_layers[: len(tokens)])
 
     def _step(
         self, strategy: Propagate | Recompute | Monotonic, token: int, position: int, threshold: float,

@@ -6,11 +6,13 @@ gpt-fast's ``prefill`` / ``decode_one_token``. Shapes: hidden ``[1, S, H]``, log
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from exitbench.decoding.base import StopRule
+from exitbench.decoding.base import DecodeResult, StopRule
 from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel
 
@@ -57,3 +59,67 @@ def finish(tokens: list[int], max_new_tokens: int, stop: StopRule) -> list[int]:
     tokens = tokens[:max_new_tokens]
     cut = stop.cut(tokens)
     return tokens if cut is None else tokens[:cut]
+
+
+# ------------------------------------------------------------------------------------- shared prefill
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """The full model's prefill of one prompt, shared by every generation that continues it.
+
+    ``cache`` holds the prompt's K/V in every layer (allocated like :func:`new_cache_for` for
+    ``max_new_tokens``); ``first_token`` is the greedy token of its last position, which is every
+    prefill-first method's first output token; ``time_s`` the prefill's wall time. Generations continue
+    a private copy (:func:`clone_cache`), so the shared cache is never written.
+    """
+
+    prompt_len: int
+    max_new_tokens: int
+    cache: KVCache
+    first_token: int
+    time_s: float
+
+
+def synchronize(model: EarlyExitModel) -> None:
+    """Wait for queued device work (CUDA), so wall-clock timings cover it."""
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def prefill_prompt(model: EarlyExitModel, prompt: Sequence[int], max_new_tokens: int) -> Prefill:
+    """Prefill ``prompt`` through every layer once, for :meth:`generate_from_prefill` of several methods."""
+    start = time.perf_counter()
+    cache = new_cache_for(model, len(prompt), max_new_tokens)
+    first = greedy(prefill(model, cache, prompt))
+    synchronize(model)
+    return Prefill(len(prompt), max_new_tokens, cache, first, time.perf_counter() - start)
+
+
+def clone_cache(cache: KVCache) -> KVCache:
+    """A private copy of ``cache``: same capacity, tensors and per-layer lengths."""
+    layers, batch, kv_heads, _, head_dim = cache.keys.shape
+    copy = KVCache(layers, kv_heads, head_dim, 1, cache.keys.dtype, cache.keys.device, batch)
+    copy.keys, copy.values = cache.keys.clone(), cache.values.clone()
+    copy.lengths = list(cache.lengths)
+    return copy
+
+
+@torch.inference_mode()
+def decode_from_prefill(
+    model: EarlyExitModel, prefilled: Prefill, decode: Callable[[KVCache], DecodeResult]
+) -> DecodeResult:
+    """Run ``decode`` on a copy of the shared prefill's cache, timing the decode phase only.
+
+    The copy is made before the clock starts; ``wall_time_s`` of the result is the decode phase (every
+    token after the first) and ``prefill_time_s`` is 0: this call ran no prefill.
+    """
+    cache = clone_cache(prefilled.cache)
+    synchronize(model)
+    start = time.perf_counter()
+    result = decode(cache)
+    synchronize(model)
+    result.wall_time_s = time.perf_counter() - start
+    result.prefill_time_s = 0.0
+    return result

@@ -387,7 +387,7 @@ def plot_calm(results: Results, out_dir: Path) -> PlotOutput:
             for ax in (risk_ax, speed_ax):
                 ax.grid(alpha=0.25)
         axes[0][0].set_ylabel("mean risk, calibration split")
-        axes[1][0].set_ylabel("speed-up over greedy (x)")
+        axes[1][0].set_ylabel("decode speed-up over greedy (x)")
         handles = [Line2D([], [], color=colors[c.model], label=f"model: {c.model}") for c in cals]
         handles += [Line2D([], [], color="0.3", linestyle=ls, label=f"KV: {kv}") for kv, ls in kv_styles.items()]
         handles += [Line2D([], [], marker="D", linestyle="", color="0.5", markeredgecolor="black",

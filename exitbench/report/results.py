@@ -158,13 +158,15 @@ class Probe(_Lenient):
 
 class CalibrationRow(_Lenient):
     """One calibrated threshold. Accepts the calibrate stage's names (``calibration_mean_risk``, and a
-    ``quality: {calm, greedy}`` block from which ``quality_vs_greedy`` = calm / greedy is derived)."""
+    ``quality: {metric, calm, greedy}`` block, read into ``quality_*``; ``quality_vs_greedy`` = calm / greedy).
+    ``certified`` False means no candidate passed and ``threshold`` is the fallback ``lambda = 1``."""
 
     task: str
     measure: str
     kv_strategy: str
     delta: float = Field(gt=0, lt=1)
     threshold: float | None = None
+    certified: bool | None = None
     calibration_risk: float | None = Field(None, validation_alias=AliasChoices("calibration_risk",
                                                                               "calibration_mean_risk"))
     test_risk: float | None = None
@@ -172,15 +174,25 @@ class CalibrationRow(_Lenient):
     avg_exit_layer: float | None = Field(None, ge=0)
     speedup_vs_greedy: float | None = Field(None, gt=0)
     quality_vs_greedy: float | None = None
+    quality_metric: str | None = None
+    quality_calm: float | None = None
+    quality_greedy: float | None = None
+    num_calibration: int | None = Field(None, ge=1)
+    min_num_calibration: int | None = Field(None, ge=1)
+    num_test: int | None = Field(None, ge=1)
     consistency: str | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _quality_ratio(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "quality_vs_greedy" not in data and isinstance(data.get("quality"), dict):
-            calm, greedy = data["quality"].get("calm"), data["quality"].get("greedy")
-            if isinstance(calm, int | float) and isinstance(greedy, int | float) and greedy > 0:
-                data = {**data, "quality_vs_greedy": calm / greedy}
+    def _quality(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("quality"), dict):
+            return data
+        quality = data["quality"]
+        calm, greedy = quality.get("calm"), quality.get("greedy")
+        data = {"quality_metric": quality.get("metric"), "quality_calm": calm, "quality_greedy": greedy, **data}
+        if "quality_vs_greedy" not in data and isinstance(calm, int | float) and isinstance(greedy, int | float) \
+                and greedy > 0:
+            data["quality_vs_greedy"] = calm / greedy
         return data
 
 
@@ -214,6 +226,7 @@ class Calibration(_Lenient):
     rows: tuple[CalibrationRow, ...] = Field(validation_alias=AliasChoices("rows", "results"))
     curves: tuple[CalibrationCurve, ...] = ()
     consistency: str | None = Field(None, validation_alias=AliasChoices("consistency", "risk"))
+    speedup_measures: str | None = None
     provenance: Provenance
     source_file: str = ""
 

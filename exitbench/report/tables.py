@@ -16,7 +16,7 @@ from typing import Any
 from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import Paper
-from exitbench.report.results import EvalResult, Provenance, Results
+from exitbench.report.results import CalibrationRow, EvalResult, Provenance, Results
 
 PRIMARY_METRIC = {"cnndm": "rouge2", "xsum": "rouge2", "humaneval": "pass@1", "mbpp": "pass@1", "topv2": "exact_match"}
 METHOD_ORDER = ("autoregressive", "early_exit", "self_speculative", "hf_early_exit", "speculative", "calm")
@@ -230,22 +230,62 @@ def probe_section(results: Results) -> list[str]:
     return [*lines, *markdown_table(header, body, "ll" + "r" * len(picks)), ""]
 
 
+def threshold_cell(row: CalibrationRow) -> str:
+    """The calibrated λ, or the uncertified fallback λ = 1 (never exit early, CALM §4)."""
+    return "fallback λ=1" if row.certified is False else fmt(row.threshold, 2)
+
+
+def certified_cell(row: CalibrationRow) -> str:
+    """yes / no, and why no candidate could pass when the calibration set is too small for δ."""
+    if row.certified is None:
+        return "–"
+    if row.certified:
+        return "yes"
+    too_few = row.num_calibration is not None and row.min_num_calibration is not None \
+        and row.num_calibration < row.min_num_calibration
+    return f"no (n={row.num_calibration} < {row.min_num_calibration})" if too_few else "no"
+
+
+def risk_ok_cell(row: CalibrationRow) -> str:
+    return "–" if row.risk_ok is None else "yes" if row.risk_ok else "**no: violation**"
+
+
+def quality_cell(row: CalibrationRow) -> str:
+    if row.quality_calm is None and row.quality_greedy is None:
+        return fmt(row.quality_vs_greedy)
+    return f"{fmt(row.quality_calm)} / {fmt(row.quality_greedy)}"
+
+
+def calibration_table(rows: list[tuple[str, CalibrationRow]]) -> list[str]:
+    """One task's rows (model, row) sorted by model, δ, KV strategy, measure."""
+    metrics = sorted({r.quality_metric for _, r in rows if r.quality_metric})
+    quality = f"quality calm / greedy ({', '.join(metrics)})" if metrics else "quality calm / greedy"
+    header = ["model", "δ", "KV", "measure", "threshold", "certified", "cal. risk", "test risk", "test risk ≤ δ",
+              "avg exit layer", "speed-up", quality]
+    body = [[model, fmt(r.delta, 2), r.kv_strategy, r.measure, threshold_cell(r), certified_cell(r),
+             fmt(r.calibration_risk), fmt(r.test_risk), risk_ok_cell(r), fmt(r.avg_exit_layer, 1),
+             fmt_x(r.speedup_vs_greedy), quality_cell(r)]
+            for model, r in sorted(rows, key=lambda mr: (mr[0], mr[1].delta, mr[1].kv_strategy, mr[1].measure))]
+    return markdown_table(header, body, "lrllllrrlrrr")
+
+
 def calibration_section(results: Results) -> list[str]:
+    """CALM's calibrated thresholds: per task, one row per (model, δ, KV strategy, measure)."""
     lines = ["## CALM threshold calibration", ""]
     if not results.calibrations:
         return [*lines, NOT_RUN, ""]
-    lines += ["Threshold calibrated with Learn-then-Test so that the risk is at most δ (CALM §4); test risk is "
-              "measured on held-out prompts.", ""]
-    header = ["model", "task", "measure", "KV", "δ", "threshold", "cal. risk", "test risk", "risk ≤ δ",
-              "avg exit layer", "speed-up", "quality vs greedy"]
-    body = []
-    for cal in results.calibrations:
-        lines.append(provenance_line(cal.provenance, f"`{cal.source_file}`"))
-        for r in sorted(cal.rows, key=lambda r: (r.task, r.measure, r.kv_strategy, r.delta)):
-            body.append([cal.model, r.task, r.measure, r.kv_strategy, fmt(r.delta, 2), fmt(r.threshold, 2),
-                         fmt(r.calibration_risk), fmt(r.test_risk), fmt(r.risk_ok), fmt(r.avg_exit_layer, 1),
-                         fmt_x(r.speedup_vs_greedy), fmt(r.quality_vs_greedy)])
-    return [*lines, "", *markdown_table(header, body, "llllrrrrlrrr"), ""]
+    rows = [(cal.model, r) for cal in results.calibrations for r in cal.rows]
+    measures = sorted({cal.speedup_measures for cal in results.calibrations if cal.speedup_measures})
+    violations = sum(r.risk_ok is False for _, r in rows)
+    lines += ["Threshold calibrated with Learn-then-Test so that the risk is at most δ with probability 1 − ε "
+              "(CALM §4); when no candidate is certified the threshold falls back to λ = 1 (the full model). "
+              "Test risk is measured on held-out prompts; a test risk above δ is shown as a violation "
+              f"({violations} of {len(rows)} rows).", ""]
+    lines += [f"Speed-up: {m}." for m in measures] + ([""] if measures else [])
+    lines += [provenance_line(cal.provenance, f"`{cal.source_file}`") for cal in results.calibrations]
+    for task in sorted({r.task for _, r in rows}):
+        lines += ["", f"### {task}", "", *calibration_table([(m, r) for m, r in rows if r.task == task])]
+    return [*lines, ""]
 
 
 TRAIN_KEYS = ("p_max", "e_scale", "curriculum", "rotation", "lr", "batch_size", "steps")
