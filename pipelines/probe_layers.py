@@ -26,7 +26,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-dir", required=True, help="a prepared model directory")
     parser.add_argument("--name", required=True, help="the model's name in the results")
     parser.add_argument("--data", default="", help="prepared data root; adds TOPv2 prompts from topv2/eval.jsonl")
-    parser.add_argument("--topv2-rows", type=int, default=16, help="how many TOPv2 rows to probe (the first N)")
     parser.add_argument("--out", required=True, help="output JSON")
     args = parser.parse_args(argv)
 
@@ -34,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     set_threads(cfg.base.threads)
     texts: dict[str, str | list[str]] = dict(PROBE_TEXTS)
     if args.data:
-        texts["topv2"] = load_topv2_prompts(Path(args.data) / "topv2" / "eval.jsonl", args.topv2_rows)
+        texts["topv2"] = load_topv2_prompts(Path(args.data) / "topv2" / "eval.jsonl", cfg.probe.topv2_rows)
     model = load_early_exit_model(args.model_dir, cfg.base.dtype, cfg.base.device)
     tokenizer = load_tokenizer(args.model_dir)
     results = probe_texts(model, tokenizer, texts, cfg.probe.max_tokens)

@@ -115,7 +115,8 @@ def test_stage_cli(tmp_path):
     _byte_tokenizer().save_pretrained(model_dir)
     _write_topv2(tmp_path / "data" / "topv2" / "eval.jsonl", 4)
     config = tmp_path / "probe_layers.json"
-    config.write_text(json.dumps({"profile": "cpu", "base": {"threads": 1}, "probe": {"max_tokens": 24}}))
+    probe = {"max_tokens": 24, "topv2_rows": 2}
+    config.write_text(json.dumps({"profile": "cpu", "base": {"threads": 1}, "probe": probe}))
     spec = importlib.util.spec_from_file_location(
         "probe_layers_cli", Path(__file__).resolve().parents[1] / "pipelines" / "probe_layers.py"
     )
@@ -124,7 +125,7 @@ def test_stage_cli(tmp_path):
     out = tmp_path / "results" / "probe" / "tiny.json"
     cli.main([
         "--config", str(config), "--model-dir", str(model_dir), "--name", "tiny",
-        "--data", str(tmp_path / "data"), "--topv2-rows", "2", "--out", str(out),
+        "--data", str(tmp_path / "data"), "--out", str(out),
     ])
     report = json.loads(out.read_text())
     assert report["model"] == "tiny" and report["num_layers"] == 4 and report["layers"] == [1, 2, 3, 4]
