@@ -54,6 +54,7 @@ from exitbench.decoding.autoregressive import Autoregressive
 from exitbench.decoding.calm import Calm, candidate_layers
 from exitbench.decoding.steps import Prefill, prefill_prompt
 from exitbench.errors import ExitbenchError
+from exitbench.identity import decoding_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
@@ -579,18 +580,10 @@ def train_stage_classifier(
     return save_exit_classifier(state, path)
 
 
-def model_identity(model_dir: Path) -> str:
-    """sha256 naming a model's weights and config: of ``model_info.json`` (which records the weights' sha256)
-    when the model has one, else of ``config.json`` and every ``*.safetensors`` file."""
-    info = model_dir / "model_info.json"
-    files = [info] if info.exists() else [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
-    return _sha256_json([[f.name, sha256_file(f)] for f in files])
-
-
 def generation_store(out_dir: Path, name: str, model_dir: Path, cfg: Config, device: str) -> GenerationStore:
     """``<out>/<name>/generations.jsonl``, keyed by the model's identity, dtype, device, seed and threads."""
     context = {
-        "model": model_identity(model_dir), "dtype": cfg.base.dtype, "device": device,
+        "model": model_identity(model_dir), "code": decoding_code_identity(), "dtype": cfg.base.dtype, "device": device,
         "seed": cfg.base.seed, "threads": torch.get_num_threads(),
     }
     return GenerationStore(out_dir / name / "generations.jsonl", context)

@@ -4,8 +4,9 @@ For each (model, task) the greedy baseline runs first; every other method is sco
 and compared with it token for token (mismatch rate, first divergence) and in time per token (speed-up
 as LayerSkip defines it: mean time per generated token of greedy / of the method, same model, dtype,
 prompts and process). Per-sample records are appended to ``<out>/<model>/<task>/<method>.jsonl`` (fsynced
-per line), so an interrupted run resumes where it stopped; a file written under different settings is
-started afresh. A crash on one sample is recorded, not fatal. The summary JSON is written atomically.
+per line), so an interrupted run resumes where it stopped; a file written under other settings (model
+weights, decoding code, options, budget, dtype) is started afresh. A crash on one sample is recorded, not
+fatal. The summary JSON is written atomically.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from exitbench.data.io import atomic_write_json, read_jsonl
 from exitbench.decoding import StopRule, build_method, parse_options
 from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
+from exitbench.identity import decoding_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
@@ -50,9 +52,7 @@ class EvalContext:
 
 
 def _model_key(model_dir: Path) -> str:
-    info = model_dir / "model_info.json"
-    payload = info.read_bytes() if info.exists() else str(model_dir.resolve()).encode()
-    return hashlib.sha256(payload).hexdigest()[:16]
+    return model_identity(model_dir)[:16]
 
 
 def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
@@ -281,6 +281,7 @@ def evaluate_model_task(
         method = build_method(name, ctx.model, options, draft_model=ctx.draft)
         settings = {
             "model": ctx.model_key,
+            "code": decoding_code_identity()[:16],
             "method": name,
             "options": options,
             "task": task_name,

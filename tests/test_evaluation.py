@@ -159,3 +159,16 @@ def test_task_draft_vocab_counts_the_train_split_only(tmp_path):
     (tmp_path / "topv2" / "train.jsonl").write_text(json.dumps(row) + "\n")
     path = write_task_draft_vocab(task, tmp_path, tokenizer, 1, [0], tmp_path / "v.json")
     assert json.loads(path.read_text()) == [0, ord("a")]  # the most frequent token, plus the stop token
+
+
+def test_record_keys_name_the_weights_and_the_decoding_code(tmp_path):
+    from exitbench.evaluation import _model_key
+    from exitbench.identity import decoding_code_identity
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"one")
+    before = _model_key(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"two")  # retrained in the same folder: another model
+    assert _model_key(tmp_path) != before
+    code = decoding_code_identity()
+    assert len(code) == 64 and code == decoding_code_identity()
