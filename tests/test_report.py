@@ -267,3 +267,12 @@ def test_report_package_never_imports_torch() -> None:
     code = ("import sys, exitbench.report.plots, exitbench.report.check, exitbench.report.tables; "
             "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_a_draft_vocabulary_beside_the_summaries_is_not_a_result(results_copy: Path) -> None:
+    from exitbench.report.results import load_evals
+
+    before = len(load_evals(results_copy))
+    task_dir = next(path.parent for path in sorted((results_copy / "eval").glob("*/*/*.json")))
+    (task_dir / "draft_vocab.json").write_text("[0, 1, 2]\n")
+    assert len(load_evals(results_copy)) == before

@@ -326,9 +326,14 @@ def _check_path_matches(result: EvalResult, path: Path) -> None:
             )
 
 
+EVAL_INPUT_FILES = frozenset({"draft_vocab.json"})  # inputs evaluate keeps beside the summaries, not results
+
+
 def load_evals(root: Path) -> tuple[EvalResult, ...]:
     results = []
     for path in sorted((root / "eval").glob("*/*/*.json")):
+        if path.name in EVAL_INPUT_FILES:
+            continue
         result = _parse(EvalResult, path, root)
         _check_path_matches(result, path)
         results.append(result)
