@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from exitbench import config
+from exitbench.report.results import EVAL_INPUT_FILES
 
 
 def expected_files(cfg: config.Config) -> list[Path]:
@@ -42,7 +43,9 @@ def main() -> int:
                 json.loads(path.read_text())
             except json.JSONDecodeError as err:
                 problems.append(f"{path} is not valid JSON ({err})")
-    for path in Path("results/eval").rglob("*.json"):
+    for path in Path("results/eval").glob("*/*/*.json"):
+        if path.name in EVAL_INPUT_FILES:
+            continue
         summary = json.loads(path.read_text())
         correctness = summary.get("correctness", {})
         if correctness.get("exact_claimed") and summary.get("dtype") == "float32" and correctness.get("num_mismatched"):
