@@ -21,7 +21,7 @@ apart (``prefill_time_ms``).
 
 Every generation is made once: greedy once per example, ``calm`` once per (example, measure, kv_strategy,
 threshold), and reused by every ``delta`` and for the test split where thresholds coincide. Each finished
-generation is appended to ``<out>/<model>/generations.jsonl`` under a hash of what determines it
+generation is appended to ``<store>/<model>/generations.jsonl`` under a hash of what determines it
 (:class:`GenerationStore`), so a rerun after a kill reuses them, timings included, and makes only the rest.
 """
 
@@ -580,13 +580,13 @@ def train_stage_classifier(
     return save_exit_classifier(state, path)
 
 
-def generation_store(out_dir: Path, name: str, model_dir: Path, cfg: Config, device: str) -> GenerationStore:
-    """``<out>/<name>/generations.jsonl``, keyed by the model's identity, dtype, device, seed and threads."""
+def generation_store(store_dir: Path, name: str, model_dir: Path, cfg: Config, device: str) -> GenerationStore:
+    """``<store_dir>/<name>/generations.jsonl``, keyed by the model's identity, dtype, device, seed and threads."""
     context = {
         "model": model_identity(model_dir), "code": decoding_code_identity(), "dtype": cfg.base.dtype, "device": device,
         "seed": cfg.base.seed, "threads": torch.get_num_threads(),
     }
-    return GenerationStore(out_dir / name / "generations.jsonl", context)
+    return GenerationStore(store_dir / name / "generations.jsonl", context)
 
 
 def remove_stale_reports(out_dir: Path, models: Sequence[str]) -> list[Path]:
@@ -599,11 +599,12 @@ def remove_stale_reports(out_dir: Path, models: Sequence[str]) -> list[Path]:
 
 
 def run_calibrate_stage(
-    cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path, classifiers_dir: Path
+    cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path, classifiers_dir: Path, store_dir: Path
 ) -> list[dict[str, Any]]:
     """The whole stage: every model in ``calibrate.models`` -> ``<out>/<model>.json``; returns its results.
 
-    Finished generations go to ``<out>/<model>/generations.jsonl`` as they are made; a rerun reuses them.
+    Finished generations go to ``<store_dir>/<model>/generations.jsonl`` as they are made (a working store
+    outside the results, like training checkpoints); a rerun reuses them.
     """
     settings = cfg.calibrate
     check_thresholds(settings.thresholds)
@@ -620,7 +621,7 @@ def run_calibrate_stage(
             path = classifiers_dir / f"{name}.pt"
             classifier = str(train_stage_classifier(model, tokenizer, data_dir, settings, cfg.base.seed, path))
         encoded = [encoded_task(task, rows[task.name], tokenizer, settings) for task in tasks]
-        store = generation_store(out_dir, name, model_dir, cfg, str(model.device))
+        store = generation_store(store_dir, name, model_dir, cfg, str(model.device))
         report = calibrate_model(model, encoded, settings, classifier, progress=True, store=store)
         report = {
             "model": name, **report, "settings": settings.model_dump(mode="json"),

@@ -303,7 +303,9 @@ def test_missing_model_names_the_stage_that_makes_it(tmp_path):
         model_dir_or_error(tmp_path, "layerskip")
     cfg = Config(profile="cpu", calibrate=CalibrateConfig(models=["base"]))
     with pytest.raises(ExitbenchError, match="model 'base' not found"):
-        run_calibrate_stage(cfg, tmp_path / "models", tmp_path / "data", tmp_path / "out", tmp_path / "clf")
+        run_calibrate_stage(
+            cfg, tmp_path / "models", tmp_path / "data", tmp_path / "out", tmp_path / "clf", tmp_path / "gen"
+        )
 
 
 def test_reports_of_models_no_longer_calibrated_are_removed(tmp_path):
