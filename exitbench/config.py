@@ -77,6 +77,11 @@ class TrainVariant(Section):
     curriculum: Literal["rotational", "gradual", "none"] = "rotational"
     rotation: int = Field(8, ge=1)
     autocast_bf16: bool = True
+    freeze_embeddings: bool = Field(
+        False,
+        description="keep the token embedding and the LM head (tied in Llama-style models) fixed; the paper "
+        "trains every weight, a CPU budget may not: the head's weight gradient is ~8% of a step here",
+    )
     checkpoint_every: int = Field(25, ge=1)
     max_examples: int = Field(0, ge=0, description="0 = all examples of the corpus")
     distributed: Literal["none", "ddp", "fsdp"] = "none"

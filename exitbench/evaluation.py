@@ -37,6 +37,8 @@ from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
 BASELINE = "autoregressive"
 SUBVOCAB_METHOD = "self_speculative"  # the method that takes evaluate.draft_vocab_size
+# How records are timed; part of their key, so records timed another way are not mixed in.
+TIMING_PROTOCOL = "methods interleaved per sample, one process, one warm-up each"
 
 
 @dataclass
@@ -166,14 +168,36 @@ class TaskBatch:
     tokenizer: Any
 
 
+def run_methods(
+    runs: dict[str, tuple[DecodingMethod, RecordFile]], batch: TaskBatch, desc: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Generate and score every sample a method has not recorded yet, methods interleaved per sample.
+
+    Sample i runs under every method before sample i+1 does, so a slow phase of the machine (another job,
+    thermal throttling) hits all methods alike and the speed-ups, ratios of times taken minutes apart
+    otherwise, compare like with like. Each method warms up once (not recorded) before the first timed
+    sample. Returns each method's records in sample order.
+    """
+    todo = {
+        name: [i for i in range(len(batch.samples)) if i not in records.records]
+        for name, (_, records) in runs.items()
+    }
+    for name, (method, _) in runs.items():
+        if todo[name]:
+            method.generate(batch.prompt_ids[todo[name][0]], min(4, batch.max_new_tokens), batch.stop)
+    total = sum(len(indices) for indices in todo.values())
+    with tqdm(total=total, desc=desc, unit="gen", leave=False) as bar:
+        for index in range(len(batch.samples)):
+            for method, records in runs.values():
+                if index not in records.records:
+                    records.append(_one_sample(method, batch, index))
+                    bar.update()
+    return {name: [records.records[i] for i in range(len(batch.samples))] for name, (_, records) in runs.items()}
+
+
 def run_method(method: DecodingMethod, batch: TaskBatch, records: RecordFile, label: str) -> list[dict[str, Any]]:
-    """Generate and score every sample not yet recorded; returns the records in sample order."""
-    todo = [i for i in range(len(batch.samples)) if i not in records.records]
-    if todo:  # warm-up, not recorded
-        method.generate(batch.prompt_ids[todo[0]], min(4, batch.max_new_tokens), batch.stop)
-    for index in tqdm(todo, desc=label, unit="sample", leave=False):
-        records.append(_one_sample(method, batch, index))
-    return [records.records[i] for i in range(len(batch.samples))]
+    """:func:`run_methods` for one method."""
+    return run_methods({label: (method, records)}, batch, label)[label]
 
 
 def _one_sample(method: DecodingMethod, batch: TaskBatch, index: int) -> dict[str, Any]:
@@ -271,17 +295,18 @@ def evaluate_model_task(
     prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, cfg.evaluate.chat_template) for s in samples]
     batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
     methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE]
-    summaries: dict[str, dict[str, Any]] = {}
-    greedy_records = None
     draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, out_dir / ctx.name / task_name)
+    target = out_dir / ctx.name / task_name
+    runs: dict[str, tuple[DecodingMethod, RecordFile]] = {}
+    options_of: dict[str, dict[str, Any]] = {}
     for name in methods:
         options = cfg.evaluate.methods.get(name, {})
         if name == SUBVOCAB_METHOD and draft_vocab is not None:
             options = {**options, "draft_vocab_file": str(draft_vocab)}
-        method = build_method(name, ctx.model, options, draft_model=ctx.draft)
         settings = {
             "model": ctx.model_key,
             "code": decoding_code_identity()[:16],
+            "timing": TIMING_PROTOCOL,
             "method": name,
             "options": options,
             "task": task_name,
@@ -293,17 +318,18 @@ def evaluate_model_task(
             "seed": cfg.base.seed,
         }
         key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-        target = out_dir / ctx.name / task_name
-        records = RecordFile(target / f"{name}.jsonl", key)
-        label = f"{ctx.name}/{task_name}/{name}"
-        done = run_method(method, batch, records, label)
-        if name == BASELINE:
-            greedy_records = done
-        summary = summarize(task, method, samples, done, greedy_records)
-        summary.update(task=task_name, method=name, model=ctx.name, options=options, dtype=cfg.base.dtype)
+        method = build_method(name, ctx.model, options, draft_model=ctx.draft)
+        runs[name] = (method, RecordFile(target / f"{name}.jsonl", key))
+        options_of[name] = options
+    done = run_methods(runs, batch, f"{ctx.name}/{task_name}")
+    summaries: dict[str, dict[str, Any]] = {}
+    for name, (method, _) in runs.items():
+        summary = summarize(task, method, samples, done[name], done[BASELINE])
+        summary.update(task=task_name, method=name, model=ctx.name, options=options_of[name], dtype=cfg.base.dtype)
         summary["model_info"] = ctx.model_info
         summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
         summary["provenance"]["num_parameters"] = ctx.model_info["num_parameters"]
+        summary["timing"] = TIMING_PROTOCOL
         atomic_write_json(target / f"{name}.json", summary)
         summaries[name] = summary
     return summaries

@@ -23,7 +23,7 @@ from exitbench.confidence import (
 from exitbench.decoding import build_method
 from exitbench.decoding import calm as calm_module
 from exitbench.decoding.calm import candidate_layers, step_threshold
-from exitbench.decoding.steps import clone_cache, draft_hidden, greedy, new_cache_for, prefill, prefill_prompt
+from exitbench.decoding.steps import draft_hidden, greedy, new_cache_for, prefill, prefill_prompt
 from exitbench.errors import ExitbenchError
 
 NUM_LAYERS = 4
@@ -128,7 +128,7 @@ def test_shared_prefill_gives_the_same_outputs_for_greedy_and_every_kv_strategy(
 
 def test_cloned_cache_is_independent(tiny_model):
     shared = prefill_prompt(tiny_model, prompts()[0], 4)
-    copy = clone_cache(shared.cache)
+    copy = shared.cache.clone()
     assert copy.capacity == shared.cache.capacity and copy.lengths == shared.cache.lengths
     copy.crop(1)
     copy.keys.zero_()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from exitbench import config
 from exitbench.errors import ExitbenchError
@@ -118,3 +119,16 @@ def test_configure_writes_one_file_per_stage(tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {f"{stage}.json" for stage in config.STAGE_SECTIONS} <= names
     assert {"train-layerskip.json", "train-calm.json"} <= names
+
+
+def test_paper_profile_trains_with_the_papers_topv2_settings():
+    """The paper profile's LayerSkip variant = replications/layerskip.yaml's TOPv2 finetune (Table 8/9)."""
+    runs = yaml.safe_load((REPO / "replications" / "layerskip.yaml").read_text())["training"]
+    paper = next(run for run in runs if run["id"] == "topv2-llama-1.5b")
+    variant = config.load(REPO / "params.yaml", profile="paper").train.variants["layerskip"]
+    assert variant.batch_size * variant.grad_accum == paper["batch_size"]
+    assert (variant.steps, variant.lr, variant.p_max, variant.e_scale) == (
+        paper["steps"], paper["lr"], paper["p_max"], paper["e_scale"]
+    )
+    assert variant.curriculum == paper["early_exit_curriculum"] and variant.dropout_schedule == "continual"
+    assert not variant.freeze_embeddings  # the paper trains every weight

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from exitbench.decoding import StopRule, build_method
-from exitbench.evaluation import RecordFile, TaskBatch, first_divergence, run_method, summarize
+from exitbench.evaluation import RecordFile, TaskBatch, first_divergence, run_method, run_methods, summarize
 from exitbench.tasks.base import Sample, Task
 
 
@@ -100,6 +100,40 @@ def test_records_resume_and_reset_on_new_settings(tiny_model, tmp_path):
     assert len(calls) == 2  # one warm-up + the one missing sample
     assert [json.loads(line).get("index") for line in path.read_text().splitlines()[1:]] == [0, 1, 2]
     assert RecordFile(path, "key2").records == {}
+
+
+def test_methods_are_interleaved_per_sample_and_resume_independently(tiny_model, tmp_path):
+    batch = make_batch(num=3)
+    calls: list[tuple[str, int]] = []
+
+    def spy(label, method):
+        original = method.generate
+
+        def generate(prompt, max_new_tokens, stop):
+            calls.append((label, batch.prompt_ids.index(list(prompt)), max_new_tokens))
+            return original(prompt, max_new_tokens, stop)
+
+        method.generate = generate  # type: ignore[method-assign]
+        return method
+
+    greedy = spy("g", build_method("autoregressive", tiny_model))
+    spec = spy("s", build_method("self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 2}))
+    spec_records = RecordFile(tmp_path / "s.jsonl", "k")
+    run_method(spec, batch, spec_records, "s")  # the speculative method has every sample already
+    calls.clear()
+    runs = {"g": (greedy, RecordFile(tmp_path / "g.jsonl", "k")), "s": (spec, spec_records)}
+    done = run_methods(runs, batch, "both")
+    timed = [(label, index) for label, index, new in calls if new == batch.max_new_tokens]
+    assert timed == [("g", 0), ("g", 1), ("g", 2)]  # nothing re-run for "s"; one warm-up for "g" only
+    assert len(calls) == 4
+    for path in ("g", "s"):
+        (tmp_path / f"{path}.jsonl").unlink()
+    calls.clear()
+    runs = {name: (method, RecordFile(tmp_path / f"{name}.jsonl", "k")) for name, (method, _) in runs.items()}
+    done = run_methods(runs, batch, "both")
+    timed = [(label, index) for label, index, new in calls if new == batch.max_new_tokens]
+    assert timed == [("g", 0), ("s", 0), ("g", 1), ("s", 1), ("g", 2), ("s", 2)]
+    assert [r["tokens"] for r in done["g"]] == [r["tokens"] for r in done["s"]]
 
 
 @pytest.mark.parametrize("name", ["cnndm", "humaneval", "mbpp", "topv2"])

@@ -170,6 +170,19 @@ def test_training_lowers_the_loss_and_writes_outputs(workspace):
     assert not list(paths.out.parent.glob(".learn.*"))
 
 
+def test_freeze_embeddings_keeps_embedding_and_head_and_trains_the_rest(workspace):
+    paths = paths_for(workspace, "frozen")
+    report = train(variant(steps=3, freeze_embeddings=True), BASE, paths, progress=False)
+    base, trained = load_causal_lm(workspace["base"]), load_causal_lm(paths.out)
+    assert torch.equal(trained.get_input_embeddings().weight, base.get_input_embeddings().weight)
+    assert torch.equal(trained.get_output_embeddings().weight, base.get_output_embeddings().weight)
+    q_proj = [model.model.layers[1].self_attn.q_proj.weight for model in (trained, base)]
+    assert not torch.equal(*q_proj)
+    frozen = {id(p): p for p in (base.get_input_embeddings().weight, base.get_output_embeddings().weight)}
+    total = sum(p.numel() for p in base.parameters())
+    assert report["trainable_parameters"] == total - sum(p.numel() for p in frozen.values())
+
+
 def test_micro_batches_sort_by_length_and_cover_every_row_once():
     lengths = [5, 9, 2, 7, 9, 1]
     chunks = micro_batches(range(6), lengths, 4)

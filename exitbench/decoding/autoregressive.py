@@ -6,8 +6,7 @@ import time
 
 from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
 from exitbench.decoding.steps import (
-    Prefill,
-    decode_from_prefill,
+    ContinuesPrefill,
     finish,
     full_step,
     greedy,
@@ -22,7 +21,7 @@ class AutoregressiveOptions(MethodOptions):
 
 
 @register
-class Autoregressive(DecodingMethod):
+class Autoregressive(ContinuesPrefill, DecodingMethod):
     name = "autoregressive"
     Options = AutoregressiveOptions
     exact = True
@@ -36,16 +35,6 @@ class Autoregressive(DecodingMethod):
         result = self._decode(cache, len(prompt_ids), first, max_new_tokens, stop)
         result.prefill_time_s = prefill_time
         return result
-
-    def generate_from_prefill(
-        self, prefilled: Prefill, max_new_tokens: int, stop: StopRule | None = None
-    ) -> DecodeResult:
-        """:meth:`generate`'s output, continuing a shared full-model prefill (left as it is); times decode only."""
-
-        def decode(cache: KVCache) -> DecodeResult:
-            return self._decode(cache, prefilled.prompt_len, prefilled.first_token, max_new_tokens, stop or StopRule())
-
-        return decode_from_prefill(self.model, prefilled, decode)
 
     def _decode(self, cache: KVCache, prompt_len: int, first: int, max_new_tokens: int, stop: StopRule) -> DecodeResult:
         """Every token after the prefill's ``first``, one full step each."""

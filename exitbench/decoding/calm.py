@@ -47,7 +47,7 @@ from exitbench.confidence import (
     state_saturation,
 )
 from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
-from exitbench.decoding.steps import Prefill, as_ids, decode_from_prefill, finish, greedy, new_cache_for, prefill
+from exitbench.decoding.steps import ContinuesPrefill, as_ids, finish, greedy, new_cache_for, prefill
 from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel
@@ -183,7 +183,7 @@ STRATEGIES = {"propagate": Propagate, "recompute": Recompute, "monotonic": Monot
 
 
 @register
-class Calm(DecodingMethod):
+class Calm(ContinuesPrefill, DecodingMethod):
     name = "calm"
     Options = CalmOptions
 
@@ -207,16 +207,6 @@ class Calm(DecodingMethod):
         result = self._decode(cache, len(prompt_ids), first, max_new_tokens, stop)
         result.prefill_time_s = prefill_time
         return result
-
-    def generate_from_prefill(
-        self, prefilled: Prefill, max_new_tokens: int, stop: StopRule | None = None
-    ) -> DecodeResult:
-        """:meth:`generate`'s output, continuing a shared full-model prefill (left as it is); times decode only."""
-
-        def decode(cache: KVCache) -> DecodeResult:
-            return self._decode(cache, prefilled.prompt_len, prefilled.first_token, max_new_tokens, stop or StopRule())
-
-        return decode_from_prefill(self.model, prefilled, decode)
 
     def _decode(self, cache: KVCache, prompt_len: int, first: int, max_new_tokens: int, stop: StopRule) -> DecodeResult:
         """Every token after the prefill's ``first`` (exit layer ``L``), each exiting by the rule."""

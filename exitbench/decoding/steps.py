@@ -71,7 +71,7 @@ class Prefill:
     ``cache`` holds the prompt's K/V in every layer (allocated like :func:`new_cache_for` for
     ``max_new_tokens``); ``first_token`` is the greedy token of its last position, which is every
     prefill-first method's first output token; ``time_s`` the prefill's wall time. Generations continue
-    a private copy (:func:`clone_cache`), so the shared cache is never written.
+    a private copy (:meth:`KVCache.clone`), so the shared cache is never written.
     """
 
     prompt_len: int
@@ -97,15 +97,6 @@ def prefill_prompt(model: EarlyExitModel, prompt: Sequence[int], max_new_tokens:
     return Prefill(len(prompt), max_new_tokens, cache, first, time.perf_counter() - start)
 
 
-def clone_cache(cache: KVCache) -> KVCache:
-    """A private copy of ``cache``: same capacity, tensors and per-layer lengths."""
-    layers, batch, kv_heads, _, head_dim = cache.keys.shape
-    copy = KVCache(layers, kv_heads, head_dim, 1, cache.keys.dtype, cache.keys.device, batch)
-    copy.keys, copy.values = cache.keys.clone(), cache.values.clone()
-    copy.lengths = list(cache.lengths)
-    return copy
-
-
 @torch.inference_mode()
 def decode_from_prefill(
     model: EarlyExitModel, prefilled: Prefill, decode: Callable[[KVCache], DecodeResult]
@@ -115,7 +106,7 @@ def decode_from_prefill(
     The copy is made before the clock starts; ``wall_time_s`` of the result is the decode phase (every
     token after the first) and ``prefill_time_s`` is 0: this call ran no prefill.
     """
-    cache = clone_cache(prefilled.cache)
+    cache = prefilled.cache.clone()
     synchronize(model)
     start = time.perf_counter()
     result = decode(cache)
@@ -123,3 +114,23 @@ def decode_from_prefill(
     result.wall_time_s = time.perf_counter() - start
     result.prefill_time_s = 0.0
     return result
+
+
+class ContinuesPrefill:
+    """For a method whose decode phase is ``_decode(cache, prompt_len, first, max_new_tokens, stop)``: runs
+    that phase on a shared full-model prefill (see :func:`decode_from_prefill`)."""
+
+    model: EarlyExitModel
+
+    def _decode(self, cache: KVCache, prompt_len: int, first: int, max_new_tokens: int, stop: StopRule) -> DecodeResult:
+        raise NotImplementedError
+
+    def generate_from_prefill(
+        self, prefilled: Prefill, max_new_tokens: int, stop: StopRule | None = None
+    ) -> DecodeResult:
+        """``generate``'s output, continuing a shared full-model prefill (left as it is); times decode only."""
+
+        def decode(cache: KVCache) -> DecodeResult:
+            return self._decode(cache, prefilled.prompt_len, prefilled.first_token, max_new_tokens, stop or StopRule())
+
+        return decode_from_prefill(self.model, prefilled, decode)

@@ -27,6 +27,14 @@ class KVCache:
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = [0] * num_layers
 
+    def clone(self) -> KVCache:
+        """A private copy: same capacity, tensors and per-layer lengths."""
+        layers, batch, kv_heads, _, head_dim = self.keys.shape
+        copy = KVCache(layers, kv_heads, head_dim, 1, self.keys.dtype, self.keys.device, batch)
+        copy.keys, copy.values = self.keys.clone(), self.values.clone()
+        copy.lengths = list(self.lengths)
+        return copy
+
     @property
     def capacity(self) -> int:
         return self.keys.shape[3]

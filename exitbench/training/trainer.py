@@ -21,14 +21,17 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm import tqdm
 
 from exitbench.config import BaseConfig, TrainVariant
+from exitbench.errors import ExitbenchError
 from exitbench.models.load import load_causal_lm, load_tokenizer, resolve_device
 from exitbench.training import distributed as dist_utils
 from exitbench.training.corpora import Corpus, DataOrder, Example, build_corpus, collate
@@ -94,8 +97,18 @@ class Run:
     def global_batch(self) -> int:
         return self.variant.batch_size * self.variant.grad_accum
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.variant.autocast_bf16)
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """bf16 autocast when the variant asks for it; on CPU, the math attention kernel: for training
+        sequences this short (<= a few hundred tokens) it runs forward + backward ~3x faster than the flash one.
+        """
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(
+                torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.variant.autocast_bf16)
+            )
+            if self.device.type == "cpu":
+                stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+            yield
 
 
 def fingerprint(variant: TrainVariant, seed: int, corpus: Corpus, base_model: Path) -> str:
@@ -115,7 +128,9 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
     causal_lm = load_causal_lm(paths.base_model, "float32", base.device).train()
     corpus = build_corpus(variant.corpus, paths.data, tokenizer, variant.seq_len, variant.max_examples, base.seed)
     objective = EarlyExitObjective(causal_lm)
-    optimizer = torch.optim.AdamW(causal_lm.parameters(), lr=variant.lr, weight_decay=variant.weight_decay)
+    if variant.freeze_embeddings:
+        freeze_embeddings(causal_lm)
+    optimizer = build_optimizer(causal_lm, variant, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, variant.warmup_steps, variant.steps)
     )
@@ -137,6 +152,21 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
         fingerprint=fingerprint(variant, base.seed, corpus, paths.base_model),
     )
     return run, tokenizer
+
+
+def freeze_embeddings(causal_lm: torch.nn.Module) -> None:
+    """Stop gradients into the token embedding and the LM head (the same tensor when they are tied)."""
+    causal_lm.get_input_embeddings().weight.requires_grad_(False)
+    causal_lm.get_output_embeddings().weight.requires_grad_(False)
+
+
+def build_optimizer(causal_lm: torch.nn.Module, variant: TrainVariant, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; the fused kernel on CPU and CUDA (same update, one pass)."""
+    params = [p for p in causal_lm.parameters() if p.requires_grad]
+    if not params:
+        raise ExitbenchError("train: no trainable parameters left; set freeze_embeddings: false")
+    fused = device.type in ("cpu", "cuda")
+    return torch.optim.AdamW(params, lr=variant.lr, weight_decay=variant.weight_decay, fused=fused)
 
 
 def step_plan(run: Run, step: int) -> tuple[torch.Tensor, dict[int, float]]:
@@ -170,7 +200,7 @@ def train_step(run: Run, step: int) -> dict[str, Any]:
         ids, labels = collate([batch[row] for row in rows], run.pad_id)
         ids, labels = ids.to(run.device), labels.to(run.device)
         with dist_utils.grad_sync(run.module, sync=number == len(chunks) - 1):
-            with run.autocast():
+            with run.compute():
                 loss, sums = run.module(ids, labels, keep[:, rows], weights, num_tokens)
             (loss * run.ctx.world_size).backward()  # DDP averages gradients over ranks; J is a global sum
         ce_sums += sums.double().cpu()
@@ -261,7 +291,7 @@ def final_exit_losses(run: Run, examples: list[Example]) -> dict[str, float]:
     ids, labels, num_tokens = _eval_batch(run, examples)
     keep = torch.ones(run.num_layers, len(examples), dtype=torch.bool)
     weights = {layer: 1.0 for layer in range(run.num_layers)}
-    with torch.no_grad(), run.autocast():
+    with torch.no_grad(), run.compute():
         _, sums = run.objective(ids, labels, keep, weights, num_tokens)
     return {str(layer): float(total) / num_tokens for layer, total in enumerate(sums)}
 
@@ -270,7 +300,7 @@ def _time_fwd_bwd(run: Run, batch: tuple, keep: torch.Tensor, weights: dict[int,
     """Seconds for one forward + backward of the objective (gradients discarded)."""
     ids, labels, num_tokens = batch
     started = time.perf_counter()
-    with run.autocast():
+    with run.compute():
         loss, _ = run.objective(ids, labels, keep, weights, num_tokens)
     loss.backward()
     seconds = time.perf_counter() - started
@@ -390,7 +420,9 @@ def build_report(run: Run, state: TrainState, name: str, final: dict[str, float]
         "time_per_step_s": {
             "mean": statistics.fmean(times) if times else None,
             "median": statistics.median(times) if times else None,
+            "total": sum(times),
         },
+        "trainable_parameters": sum(p.numel() for p in run.objective.parameters() if p.requires_grad),
         "step_time_ratio": timing,
         "history": state.history,
     }
