@@ -421,6 +421,7 @@ def run_bench(
     texts = load_prompt_texts(task, data_dir, bench.num_prompts)
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
+    projections: dict[str, dict[str, Any]] = {}
     for name, path in zip(bench.models, model_dirs, strict=True):
         tokenizer = load_tokenizer(path)
         prompts = [encode_prompt(tokenizer, text, chat_template=False) for text in texts]  # as `evaluate` does
@@ -433,6 +434,7 @@ def run_bench(
         for dtype in bench.dtypes:
             model = load_early_exit_model(path, dtype, cfg.base.device)
             device = model.device
+            projections[f"{name}/{dtype}"] = model.projection
             rows.extend(
                 run_sweep(
                     model,
@@ -449,6 +451,6 @@ def run_bench(
             del model
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    block = provenance(stage_view(cfg, "bench_decoding"), device, ",".join(bench.dtypes))
+    block = {**provenance(stage_view(cfg, "bench_decoding"), device, ",".join(bench.dtypes)), "projection": projections}
     write_results(rows, out_dir, block)
     return rows

@@ -626,7 +626,10 @@ def run_calibrate_stage(
         report = {
             "model": name, **report, "settings": settings.model_dump(mode="json"),
             "classifier_file": classifier or None,
-            "provenance": provenance(stage_view(cfg, "calibrate"), model.device, cfg.base.dtype),
+            "provenance": {
+                **provenance(stage_view(cfg, "calibrate"), model.device, cfg.base.dtype),
+                "projection": model.projection,
+            },
         }
         atomic_write_json(out_dir / f"{name}.json", report)
         summary.extend({"model": name, **row} for row in report["results"])

@@ -157,7 +157,7 @@ class CalibrateConfig(Section):
 class ProbeConfig(Section):
     models: list[str] = ["base", "layerskip"]
     max_tokens: int = Field(256, ge=8)
-    topv2_rows: int = Field(64, ge=1, description="TOPv2 eval rows probed (the first N), utterance + parse")
+    topv2_rows: int = Field(64, ge=1, description="TOPv2 eval rows probed (the first N): prompt + parse + EOS")
 
 
 class CostModelConfig(Section):

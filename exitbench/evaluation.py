@@ -77,6 +77,7 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
         "num_parameters": info.get("num_parameters", sum(p.numel() for p in model.hf.parameters())),
         "num_layers": model.num_layers,
         "source": info.get("source"),
+        "projection": model.projection,
     }
     return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir), model_info)
 

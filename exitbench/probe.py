@@ -8,8 +8,10 @@ applied to the hidden state after layer l, at every position of a text. Per laye
 - ``confidence``: the mean max-softmax probability of layer l's distribution.
 
 A model trained for early exit (LayerSkip) should read out well from earlier layers than the base model.
-The fixed probe texts are ordinary English, Python code, and highly predictable text (counting to 60);
-TOPv2 prompts (``utterance`` + newline + ``semantic_parse``) can be added from the prepared data.
+The fixed probe texts are ordinary English, Python code, and highly predictable text (counting to 60).
+From the prepared data, TOPv2 eval rows (prompt ``utterance`` + newline, target ``semantic_parse`` + EOS) add
+two entries: ``topv2`` over every position, and ``topv2_target`` over the positions that predict the
+target, which are the positions a self-speculative draft is made at when the model answers the prompt.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from exitbench.config import ProbeConfig
 from exitbench.errors import ExitbenchError
 from exitbench.models.view import EarlyExitModel
+from exitbench.tasks.topv2 import build_prompt, build_target
 
 METRICS = ("top1_agreement", "median_rank", "confidence")
 
@@ -133,15 +136,15 @@ def probe_many(
     return summarise([layer_statistics(model, _as_sequence(ids, max_tokens)) for ids in sequences])
 
 
-def load_topv2_prompts(path: str | Path, limit: int) -> list[str]:
-    """The first ``limit`` rows of a prepared TOPv2 file as ``utterance + "\\n" + semantic_parse``."""
+def load_topv2_pairs(path: str | Path, limit: int) -> list[tuple[str, str]]:
+    """The first ``limit`` rows of a prepared TOPv2 file as (prompt, target), formatted as the task does."""
     path = Path(path)
     if not path.is_file():
         raise ExitbenchError(f"{path}: not found; run `dvc repro prepare_data` first, or drop --data")
-    prompts: list[str] = []
+    pairs: list[tuple[str, str]] = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
-            if len(prompts) >= limit:
+            if len(pairs) >= limit:
                 break
             if not line.strip():
                 continue
@@ -152,10 +155,47 @@ def load_topv2_prompts(path: str | Path, limit: int) -> list[str]:
             utterance, parse = row.get("utterance"), row.get("semantic_parse")
             if not isinstance(utterance, str) or not isinstance(parse, str):
                 raise ExitbenchError(f"{path}:{number}: a row needs string 'utterance' and 'semantic_parse'")
-            prompts.append(f"{utterance}\n{parse}")
-    if not prompts:
+            pairs.append((build_prompt(row), build_target(row)))
+    if not pairs:
         raise ExitbenchError(f"{path}: no rows; re-run `dvc repro prepare_data`")
-    return prompts
+    return pairs
+
+
+def probe_prompt_target(
+    model: EarlyExitModel,
+    tokenizer: Any,
+    pairs: Sequence[tuple[str, str]],
+    name: str,
+    max_tokens: int = ProbeConfig().max_tokens,
+) -> dict[str, dict[str, Any]]:
+    """Probe prompt + target + EOS sequences, tokenized as training and decoding see them.
+
+    Two entries: ``name`` pools every position; ``{name}_target`` only the positions whose next token is a
+    target token or the EOS: the positions a decoder generates from when given the prompt, so the ones
+    whose agreement drives a self-speculative draft's acceptance on this task.
+    """
+    eos = tokenizer.eos_token_id
+    every, targets = [], []
+    for prompt, target in pairs:
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        target_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
+        ids = _as_sequence(torch.tensor([*prompt_ids, *target_ids], dtype=torch.long), max_tokens)
+        stats = layer_statistics(model, ids)
+        every.append(stats)
+        first, last = len(prompt_ids) - 1, ids.shape[1] - 1  # position p predicts token p + 1
+        if last > first:
+            targets.append({key: value[:, first:last] for key, value in stats.items()})
+    if not targets:
+        raise ExitbenchError(f"probe {name}: every sequence was cut before its target; raise probe.max_tokens")
+    count = len(pairs)
+    return {
+        name: {"num_texts": count, "num_tokens": sum(s["agree"].shape[1] for s in every), **summarise(every)},
+        f"{name}_target": {
+            "num_texts": len(targets),
+            "num_tokens": sum(s["agree"].shape[1] for s in targets),
+            **summarise(targets),
+        },
+    }
 
 
 def probe_texts(

@@ -14,7 +14,7 @@ from pathlib import Path
 from exitbench.cli import run_stage, set_threads
 from exitbench.config import load_stage, stage_view
 from exitbench.models.load import load_early_exit_model, load_tokenizer
-from exitbench.probe import PROBE_TEXTS, load_topv2_prompts, probe_texts
+from exitbench.probe import PROBE_TEXTS, load_topv2_pairs, probe_prompt_target, probe_texts
 from exitbench.provenance import provenance
 
 SHOWN_LAYERS = (4, 8, 12, 15, 20, 25)
@@ -25,18 +25,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="build/config/probe_layers.json", help="resolved stage config")
     parser.add_argument("--model-dir", required=True, help="a prepared model directory")
     parser.add_argument("--name", required=True, help="the model's name in the results")
-    parser.add_argument("--data", default="", help="prepared data root; adds TOPv2 prompts from topv2/eval.jsonl")
+    parser.add_argument("--data", default="", help="prepared data root; adds TOPv2 eval rows")
     parser.add_argument("--out", required=True, help="output JSON")
     args = parser.parse_args(argv)
 
     cfg = load_stage(args.config)
     set_threads(cfg.base.threads)
-    texts: dict[str, str | list[str]] = dict(PROBE_TEXTS)
-    if args.data:
-        texts["topv2"] = load_topv2_prompts(Path(args.data) / "topv2" / "eval.jsonl", cfg.probe.topv2_rows)
+    pairs = load_topv2_pairs(Path(args.data) / "topv2" / "eval.jsonl", cfg.probe.topv2_rows) if args.data else []
     model = load_early_exit_model(args.model_dir, cfg.base.dtype, cfg.base.device)
     tokenizer = load_tokenizer(args.model_dir)
-    results = probe_texts(model, tokenizer, texts, cfg.probe.max_tokens)
+    results = probe_texts(model, tokenizer, dict(PROBE_TEXTS), cfg.probe.max_tokens)
+    if pairs:
+        results.update(probe_prompt_target(model, tokenizer, pairs, "topv2", cfg.probe.max_tokens))
 
     report = {
         "model": args.name,

@@ -144,13 +144,13 @@ def test_self_speculative_with_draft_subvocabulary_stays_exact(tiny_model, greed
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
 def test_project_equals_linear_for_every_row_count(rows):
-    from exitbench.models.view import project
+    from exitbench.models.view import SKINNY_ROWS, project
 
     gen = torch.Generator().manual_seed(rows)
     weight, bias = torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
     x = torch.randn(1, rows, 32, generator=gen)
     with torch.inference_mode():
-        got = project(x, weight, bias)
+        got = project(x, weight, bias, skinny_rows=SKINNY_ROWS)
     assert got.shape == (1, rows, 48)
     torch.testing.assert_close(got, torch.nn.functional.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
@@ -159,5 +159,20 @@ def test_project_keeps_autograd_on_linear():
     from exitbench.models.view import project
 
     weight = torch.randn(8, 4, requires_grad=True)
-    project(torch.randn(1, 1, 4), weight).sum().backward()
+    project(torch.randn(1, 1, 4), weight, skinny_rows=4).sum().backward()
     assert weight.grad is not None and weight.grad.shape == (8, 4)
+
+
+def test_the_projection_path_is_measured_and_only_float32_cpu_is_a_candidate():
+    from exitbench.models.view import SKINNY_ROWS, choose_skinny_rows
+
+    rows, timings = choose_skinny_rows(torch.randn(64, 32), repeats=3)
+    assert rows in (0, SKINNY_ROWS) and set(timings) == {"transposed_us", "linear_us"}
+    faster, slower = ("transposed_us", "linear_us") if rows else ("linear_us", "transposed_us")
+    assert timings[faster] <= timings[slower]  # the faster form was chosen (timings are rounded)
+    assert choose_skinny_rows(torch.randn(64, 32, dtype=torch.bfloat16)) == (0, {})
+
+
+def test_the_view_records_its_projection_choice(tiny_model):
+    assert tiny_model.projection["skinny_rows"] == tiny_model.skinny_rows
+    assert "linear_us" in tiny_model.projection

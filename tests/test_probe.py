@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from exitbench.errors import ExitbenchError
-from exitbench.probe import METRICS, PROBE_TEXTS, load_topv2_prompts, probe_layers, probe_many
+from exitbench.probe import (
+    METRICS,
+    PROBE_TEXTS,
+    load_topv2_pairs,
+    probe_layers,
+    probe_many,
+    probe_prompt_target,
+)
 
 VOCAB = 128
 
@@ -86,13 +93,13 @@ def _write_topv2(path: Path, rows: int) -> None:
 def test_topv2_prompts(tmp_path):
     path = tmp_path / "topv2" / "eval.jsonl"
     _write_topv2(path, 5)
-    prompts = load_topv2_prompts(path, 3)
-    assert prompts == [f"set an alarm for {i} am\n[IN:ALARM {i} ]" for i in range(3)]
+    pairs = load_topv2_pairs(path, 3)
+    assert pairs == [(f"set an alarm for {i} am\n", f"[IN:ALARM {i} ]") for i in range(3)]
     with pytest.raises(ExitbenchError, match="prepare_data"):
-        load_topv2_prompts(tmp_path / "absent.jsonl", 3)
+        load_topv2_pairs(tmp_path / "absent.jsonl", 3)
     path.write_text('{"utterance": "x"}\n')
     with pytest.raises(ExitbenchError, match="semantic_parse"):
-        load_topv2_prompts(path, 3)
+        load_topv2_pairs(path, 3)
 
 
 def _byte_tokenizer():
@@ -129,10 +136,31 @@ def test_stage_cli(tmp_path):
     ])
     report = json.loads(out.read_text())
     assert report["model"] == "tiny" and report["num_layers"] == 4 and report["layers"] == [1, 2, 3, 4]
-    assert set(report["texts"]) == {"english", "code", "numbers", "topv2"}
+    assert set(report["texts"]) == {"english", "code", "numbers", "topv2", "topv2_target"}
     assert report["texts"]["topv2"]["num_texts"] == 2
+    assert 0 < report["texts"]["topv2_target"]["num_tokens"] < report["texts"]["topv2"]["num_tokens"]
     assert all(entry["num_tokens"] <= 24 * entry["num_texts"] for entry in report["texts"].values())
     for entry in report["texts"].values():
         assert entry["top1_agreement"][-1] == 1.0 and entry["median_rank"][-1] == 0.0
     assert {"git_commit", "torch", "transformers", "date"} <= set(report["provenance"])
     assert [path.name for path in out.parent.iterdir()] == ["tiny.json"]
+
+
+def test_target_positions_are_the_ones_predicting_the_target():
+    """topv2_target pools exactly the positions len(prompt)-1 .. S-2 of prompt + target + EOS."""
+    from exitbench.models.tiny import random_llama
+    from exitbench.models.view import EarlyExitModel
+
+    tiny_model = EarlyExitModel(random_llama(vocab_size=256))
+    tokenizer = _byte_tokenizer()
+    tokenizer.eos_token = "!"
+    pairs = [("ab\n", "xyz"), ("hello\n", "q")]
+    result = probe_prompt_target(tiny_model, tokenizer, pairs, "task", max_tokens=64)
+    assert result["task"]["num_tokens"] == (3 + 3 + 1) + (6 + 1 + 1)
+    assert result["task_target"]["num_tokens"] == (3 + 1) + (1 + 1)
+    ids = torch.tensor(tokenizer("ab\nxyz!")["input_ids"])
+    expected = probe_many(tiny_model, [ids])["top1_agreement"]
+    single = probe_prompt_target(tiny_model, tokenizer, pairs[:1], "task", max_tokens=64)
+    assert single["task"]["top1_agreement"] == pytest.approx(expected)
+    with pytest.raises(ExitbenchError, match="max_tokens"):
+        probe_prompt_target(tiny_model, tokenizer, pairs, "task", max_tokens=3)

@@ -9,6 +9,8 @@ norms are applied when present. Sliding-window attention is not modelled (full a
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,23 +32,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
-SKINNY_ROWS = 4  # token rows up to which CPU projections use the transposed product (measured below)
+SKINNY_ROWS = 4  # token rows up to which a CPU projection may use the transposed product
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, computed as ``(weight @ x.T).T`` for a few token rows on the CPU.
+def project(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, skinny_rows: int = 0
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, computed as ``(weight @ x.T).T`` for at most ``skinny_rows`` token rows.
 
-    Decoding multiplies 1 to d+1 rows by each weight matrix. With MKL, the ``x @ W.T`` form of so few rows
-    runs at about half the memory bandwidth of ``W @ x.T`` on two cores (measured on SmolLM2-135M shapes:
-    a 576x3072 projection of 2 rows 0.9 ms vs 0.29 ms; one row 0.49 ms vs 0.26 ms padded to two), and
-    decoding is bandwidth-bound. A single row is padded to two, which takes the fast path too. Same
-    maths, other summation order: results agree to float rounding. Only float32 takes this path: in
-    bfloat16 ``F.linear`` (oneDNN) is the faster one (measured: 576x3072, 2 rows 0.25 vs 0.34 ms).
-    Training batches and GPUs take ``F.linear`` unchanged.
+    Decoding multiplies 1 to d+1 rows by each weight matrix, and which form of that product is faster
+    depends on the CPU and its BLAS: on an AMD EPYC (2 cores, MKL) ``W @ x.T`` ran 2-3x faster than
+    ``F.linear`` for 576x3072 weights; on an Intel Xeon with AMX it ran 3-4x slower. So the choice is
+    measured per machine (:func:`choose_skinny_rows`) and passed in; 0 = always ``F.linear``. A single row
+    is padded to two for the transposed form. Same maths, other summation order: results agree to float
+    rounding. Under autograd ``F.linear`` is always used.
     """
     rows = x.numel() // x.shape[-1]
-    skinny = x.device.type == "cpu" and weight.dtype == torch.float32 and rows <= SKINNY_ROWS
-    if not skinny or torch.is_grad_enabled():
+    if rows > skinny_rows or torch.is_grad_enabled():
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])
     if rows == 1:
@@ -57,18 +59,49 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _median_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def choose_skinny_rows(weight: torch.Tensor, repeats: int = 25) -> tuple[int, dict[str, float]]:
+    """(skinny_rows, timings): :data:`SKINNY_ROWS` if ``W @ x.T`` beats ``F.linear`` on 2 rows of ``weight``.
+
+    Only float32 weights on the CPU are candidates (bfloat16 and GPUs take ``F.linear``). Both forms are
+    timed alternately after a warm-up, on the caller's weight (a decode-sized projection), median of
+    ``repeats``; the timings (microseconds) go into result provenance so a run says which path it took.
+    """
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return 0, {}
+    x = torch.ones(2, weight.shape[1], dtype=weight.dtype)  # no draw from the global RNG
+    skinny = lambda: project(x, weight, skinny_rows=SKINNY_ROWS)  # noqa: E731
+    plain = lambda: F.linear(x, weight)  # noqa: E731
+    for fn in (skinny, plain, skinny, plain):
+        fn()
+    skinny_s = _median_seconds(skinny, repeats)
+    plain_s = _median_seconds(plain, repeats)
+    timings = {"transposed_us": round(skinny_s * 1e6, 1), "linear_us": round(plain_s * 1e6, 1)}
+    return (SKINNY_ROWS if skinny_s < plain_s else 0), timings
+
+
+def linear(module: nn.Module, x: torch.Tensor, skinny_rows: int = 0) -> torch.Tensor:
     """An ``nn.Linear`` of the checkpoint through :func:`project` (any other module is called as is)."""
     if type(module) is nn.Linear:
-        return project(x, module.weight, module.bias)
+        return project(x, module.weight, module.bias, skinny_rows)
     return module(x)
 
 
-def mlp_forward(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def mlp_forward(mlp: nn.Module, x: torch.Tensor, skinny_rows: int = 0) -> torch.Tensor:
     """The gated MLP down(act(gate(x)) * up(x)) of Llama/Mistral/Qwen2 through :func:`linear`."""
     if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         return mlp(x)
-    return linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, x)) * linear(mlp.up_proj, x))
+    gate = linear(mlp.gate_proj, x, skinny_rows)
+    return linear(mlp.down_proj, mlp.act_fn(gate) * linear(mlp.up_proj, x, skinny_rows), skinny_rows)
 
 
 def causal_mask(query_len: int, start: int, device: torch.device) -> torch.Tensor | None:
@@ -128,6 +161,12 @@ class EarlyExitModel:
             head_dim=attn.head_dim,
             vocab_size=cfg.vocab_size,
         )
+        gate = getattr(self.layers[0].mlp, "gate_proj", None)
+        weight = gate.weight if type(gate) is nn.Linear else None
+        #: token rows up to which projections take the transposed product; measured on this machine
+        self.skinny_rows, timings = choose_skinny_rows(weight) if weight is not None else (0, {})
+        #: what the choice was based on, for result provenance
+        self.projection = {"skinny_rows": self.skinny_rows, **timings}
 
     @property
     def num_layers(self) -> int:
@@ -171,9 +210,9 @@ class EarlyExitModel:
         attn = layer.self_attn
         bsz, seq, _ = hidden.shape
         x = layer.input_layernorm(hidden)
-        q = linear(attn.q_proj, x).view(bsz, seq, -1, attn.head_dim)
-        k = linear(attn.k_proj, x).view(bsz, seq, -1, attn.head_dim)
-        v = linear(attn.v_proj, x).view(bsz, seq, -1, attn.head_dim).transpose(1, 2)
+        q = linear(attn.q_proj, x, self.skinny_rows).view(bsz, seq, -1, attn.head_dim)
+        k = linear(attn.k_proj, x, self.skinny_rows).view(bsz, seq, -1, attn.head_dim)
+        v = linear(attn.v_proj, x, self.skinny_rows).view(bsz, seq, -1, attn.head_dim).transpose(1, 2)
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         cos, sin = rope
@@ -185,8 +224,8 @@ class EarlyExitModel:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=seq > 1, scale=attn.scaling, enable_gqa=True)
-        hidden = hidden + linear(attn.o_proj, out.transpose(1, 2).reshape(bsz, seq, -1))
-        return hidden + mlp_forward(layer.mlp, layer.post_attention_layernorm(hidden))
+        hidden = hidden + linear(attn.o_proj, out.transpose(1, 2).reshape(bsz, seq, -1), self.skinny_rows)
+        return hidden + mlp_forward(layer.mlp, layer.post_attention_layernorm(hidden), self.skinny_rows)
 
     def write_kv_only(
         self, index: int, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], start: int, cache: KVCache
@@ -200,8 +239,8 @@ class EarlyExitModel:
         attn = layer.self_attn
         bsz, seq, _ = hidden.shape
         x = layer.input_layernorm(hidden)
-        k = linear(attn.k_proj, x).view(bsz, seq, -1, attn.head_dim)
-        v = linear(attn.v_proj, x).view(bsz, seq, -1, attn.head_dim).transpose(1, 2)
+        k = linear(attn.k_proj, x, self.skinny_rows).view(bsz, seq, -1, attn.head_dim)
+        v = linear(attn.v_proj, x, self.skinny_rows).view(bsz, seq, -1, attn.head_dim).transpose(1, 2)
         if hasattr(attn, "k_norm"):
             k = attn.k_norm(k)
         k = apply_rope(k.transpose(1, 2), *rope)
@@ -225,8 +264,8 @@ class EarlyExitModel:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The shared exit head g: final norm + LM head. hidden [B, S, H] -> logits [B, S, V]."""
-        return linear(self.lm_head, self.norm(hidden))
+        return linear(self.lm_head, self.norm(hidden), self.skinny_rows)
 
     def logits_subset(self, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
         """The exit head restricted to a sub-vocabulary: ``head_weight`` is ``lm_head.weight[ids]``."""
-        return project(self.norm(hidden), head_weight)
+        return project(self.norm(hidden), head_weight, skinny_rows=self.skinny_rows)

@@ -2,8 +2,8 @@
 
 J(X, Y, t) = sum_l e~(t, l) CE(g(x_{l+1}), Y) through the ONE shared head g (final norm + LM head)
 (LayerSkip, Elhoushi et al. 2024, arXiv:2404.16710, §4.2). The head is evaluated only at exits with a
-non-zero normalised weight, and only at positions that carry a label: with a 49k vocabulary the head is
-the expensive part of an extra exit.
+non-zero normalised weight, only at positions that carry a label, and fused with the cross-entropy
+(:mod:`exitbench.training.fused_head_loss`): with a 49k vocabulary the head is the expensive part of an exit.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from enum import Enum
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from exitbench.errors import ExitbenchError
 from exitbench.models.view import EarlyExitModel
+from exitbench.training.fused_head_loss import head_cross_entropy_sum
 from exitbench.training.layer_dropout import forward_kept_rows
 
 IGNORE_INDEX = -100
@@ -92,8 +92,7 @@ class EarlyExitObjective(nn.Module):
                 lambda h, r, index=layer: view.layer_forward(index, h, r), hidden, rope, keep[layer]
             )
             if layer in weights:
-                logits = view.logits(hidden[targets])
-                ce_sums.append(F.cross_entropy(logits.float(), flat_labels, reduction="sum"))
+                ce_sums.append(head_cross_entropy_sum(view.norm(hidden[targets]), view.lm_head, flat_labels))
         sums = torch.stack(ce_sums)
         scale = torch.tensor([weights[layer] for layer in exits], dtype=sums.dtype, device=sums.device)
         loss = (scale * sums).sum() / num_tokens
