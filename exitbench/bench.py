@@ -30,9 +30,7 @@ import copy
 import csv
 import dataclasses
 import io
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +51,7 @@ from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
 from exitbench.subvocab import task_train_path, write_task_draft_vocab
 from exitbench.tasks.registry import Task, build_task
+from exitbench.timing import median_seconds
 
 BASELINE = "autoregressive"
 SHARED_VERIFY = frozenset({"self_speculative"})  # methods whose verify pass starts at layer E
@@ -192,20 +191,6 @@ def run_interleaved(
     return results
 
 
-def _median_time(fn: Callable[[], Any], device: torch.device, iters: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` over ``iters`` calls (after ``warmup`` untimed calls)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for index in range(warmup + iters):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        if index >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 @torch.inference_mode()
 def measure_step_costs(
     model: EarlyExitModel,
@@ -243,11 +228,11 @@ def measure_step_costs(
         model.logits(model.forward_layers(hidden, first, model.num_layers, length, cache))[0].argmax(-1).tolist()
         cache.crop(length)
 
-    full_s = _median_time(full, model.device, iters)
+    full_s = median_seconds(full, iters, device=model.device)
     return StepCosts(
         full_step_s=full_s,
-        c_draft=_median_time(draft, model.device, iters) / full_s,
-        c_verify=_median_time(verify, model.device, iters) / full_s,
+        c_draft=median_seconds(draft, iters, device=model.device) / full_s,
+        c_verify=median_seconds(verify, iters, device=model.device) / full_s,
     )
 
 

@@ -628,6 +628,7 @@ def run_calibrate_stage(
             "classifier_file": classifier or None,
             "provenance": {
                 **provenance(stage_view(cfg, "calibrate"), model.device, cfg.base.dtype),
+                "num_parameters": model.num_parameters,
                 "projection": model.projection,
             },
         }

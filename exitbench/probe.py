@@ -117,6 +117,15 @@ def summarise(stats: Sequence[dict[str, torch.Tensor]]) -> dict[str, list[float]
     }
 
 
+def pooled_entry(stats: Sequence[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """One probe entry: how many sequences and positions were pooled, then :func:`summarise`."""
+    return {
+        "num_texts": len(stats),
+        "num_tokens": sum(item["agree"].shape[1] for item in stats),
+        **summarise(stats),
+    }
+
+
 def probe_layers(
     model: EarlyExitModel, token_ids: torch.Tensor, max_tokens: int = ProbeConfig().max_tokens
 ) -> dict[str, list[float]]:
@@ -187,15 +196,7 @@ def probe_prompt_target(
             targets.append({key: value[:, first:last] for key, value in stats.items()})
     if not targets:
         raise ExitbenchError(f"probe {name}: every sequence was cut before its target; raise probe.max_tokens")
-    count = len(pairs)
-    return {
-        name: {"num_texts": count, "num_tokens": sum(s["agree"].shape[1] for s in every), **summarise(every)},
-        f"{name}_target": {
-            "num_texts": len(targets),
-            "num_tokens": sum(s["agree"].shape[1] for s in targets),
-            **summarise(targets),
-        },
-    }
+    return {name: pooled_entry(every), f"{name}_target": pooled_entry(targets)}
 
 
 def probe_texts(

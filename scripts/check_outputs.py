@@ -50,6 +50,9 @@ def main() -> int:
         correctness = summary.get("correctness", {})
         if correctness.get("exact_claimed") and summary.get("dtype") == "float32" and correctness.get("num_mismatched"):
             problems.append(f"{path}: an exact method mismatched greedy in float32 ({correctness['num_mismatched']})")
+    for path in Path("results/calibrate").glob("*.json"):
+        if not json.loads(path.read_text()).get("provenance", {}).get("num_parameters"):
+            problems.append(f"{path}: provenance has no num_parameters (the check cannot compare model sizes)")
     check = json.loads(Path("results/check.json").read_text()) if Path("results/check.json").exists() else {}
     text = json.dumps(check)
     for figure in ("2.16", "1.82", "2.0"):

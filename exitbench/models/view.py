@@ -9,8 +9,6 @@ norms are applied when present. Sliding-window attention is not modelled (full a
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +17,7 @@ from torch import nn
 
 from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
+from exitbench.timing import median_seconds
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -59,21 +58,12 @@ def project(
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 @torch.inference_mode()
 def choose_skinny_rows(weight: torch.Tensor, repeats: int = 25) -> tuple[int, dict[str, float]]:
     """(skinny_rows, timings): :data:`SKINNY_ROWS` if ``W @ x.T`` beats ``F.linear`` on 2 rows of ``weight``.
 
     Only float32 weights on the CPU are candidates (bfloat16 and GPUs take ``F.linear``). Both forms are
-    timed alternately after a warm-up, on the caller's weight (a decode-sized projection), median of
+    timed after a warm-up, on the caller's weight (a decode-sized projection), median of
     ``repeats``; the timings (microseconds) go into result provenance so a run says which path it took.
     """
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
@@ -81,10 +71,8 @@ def choose_skinny_rows(weight: torch.Tensor, repeats: int = 25) -> tuple[int, di
     x = torch.ones(2, weight.shape[1], dtype=weight.dtype)  # no draw from the global RNG
     skinny = lambda: project(x, weight, skinny_rows=SKINNY_ROWS)  # noqa: E731
     plain = lambda: F.linear(x, weight)  # noqa: E731
-    for fn in (skinny, plain, skinny, plain):
-        fn()
-    skinny_s = _median_seconds(skinny, repeats)
-    plain_s = _median_seconds(plain, repeats)
+    skinny_s = median_seconds(skinny, repeats)
+    plain_s = median_seconds(plain, repeats)
     timings = {"transposed_us": round(skinny_s * 1e6, 1), "linear_us": round(plain_s * 1e6, 1)}
     return (SKINNY_ROWS if skinny_s < plain_s else 0), timings
 
@@ -171,6 +159,11 @@ class EarlyExitModel:
     @property
     def num_layers(self) -> int:
         return self.shape.num_layers
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the wrapped model (tied embeddings counted once), for result provenance."""
+        return sum(param.numel() for param in self.hf.parameters())
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,82 @@
+"""Every library module a stage imports is a dependency of that stage in dvc.yaml, so editing it reruns the stage.
+
+Modules that cannot change a stage's numbers (errors, provenance stamps, atomic writes, a docstring-only package
+marker, the config schema, whose effect reaches stages through ``build/config``) are exempt, listed below.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXEMPT = {
+    "exitbench/__init__.py",
+    "exitbench/config.py",
+    "exitbench/errors.py",
+    "exitbench/provenance.py",
+    "exitbench/cli.py",
+    "exitbench/data/io.py",
+    "exitbench/data/__init__.py",
+}
+
+
+def module_file(name: str) -> Path | None:
+    """The file of an ``exitbench`` module or package, or None for anything else."""
+    if name != "exitbench" and not name.startswith("exitbench."):
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def imported_files(path: Path) -> set[Path]:
+    """``exitbench`` files ``path`` imports, directly or through other ``exitbench`` modules."""
+    seen: set[Path] = set()
+    todo = [path]
+    while todo:
+        tree = ast.parse(todo.pop().read_text())
+        names: list[str] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.append(node.module)
+                names += [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            for depth in range(1, len(parts) + 1):  # a package's __init__ runs on import of its modules
+                found = module_file(".".join(parts[:depth]))
+                if found is not None and found not in seen:
+                    seen.add(found)
+                    todo.append(found)
+    return seen
+
+
+def stage_scripts() -> list[tuple[str, Path, list[str]]]:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    found = []
+    for name, stage in stages.items():
+        body = stage.get("do", stage)
+        script = next(word for word in body["cmd"].split() if word.startswith("pipelines/"))
+        deps = [dep if isinstance(dep, str) else next(iter(dep)) for dep in body.get("deps", [])]
+        found.append((name, ROOT / script, deps))
+    return found
+
+
+@pytest.mark.parametrize(("stage", "script", "deps"), stage_scripts(), ids=[s[0] for s in stage_scripts()])
+def test_stage_depends_on_every_module_it_imports(stage, script, deps):
+    assert script.relative_to(ROOT).as_posix() in deps, f"{stage}: its own script is not a dependency"
+    missing = []
+    for file in sorted(imported_files(script)):
+        relative = file.relative_to(ROOT).as_posix()
+        if relative in EXEMPT:
+            continue
+        if not any(relative == dep or relative.startswith(dep.rstrip("/") + "/") for dep in deps):
+            missing.append(relative)
+    assert not missing, f"dvc.yaml stage '{stage}' imports {missing} but does not list them as deps"
