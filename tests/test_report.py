@@ -13,7 +13,7 @@ import pytest
 
 from exitbench.errors import ExitbenchError
 from exitbench.replications import load_replications
-from exitbench.report.plots import write_plots
+from exitbench.report.plots import renumber_clip_ids, write_plots
 from exitbench.report.results import load_results
 from exitbench.report.tables import calibration_section, render_readme, write_text_outputs
 
@@ -276,3 +276,20 @@ def test_a_draft_vocabulary_beside_the_summaries_is_not_a_result(results_copy: P
     task_dir = next(path.parent for path in sorted((results_copy / "eval").glob("*/*/*.json")))
     (task_dir / "draft_vocab.json").write_text("[0, 1, 2]\n")
     assert len(load_evals(results_copy)) == before
+
+
+def test_unchanged_results_give_byte_identical_svgs(tmp_path: Path) -> None:
+    """Re-running report on the same results must not rewrite tracked plots (no per-run ids or dates)."""
+    first = write_plots(load_results(FIXTURES), PAPERS, tmp_path / "a")
+    write_plots(load_results(FIXTURES), PAPERS, tmp_path / "b")
+    for path in (p for p in first if p.suffix == ".svg"):
+        assert path.read_bytes() == (tmp_path / "b" / path.name).read_bytes(), path.name
+
+
+def test_clip_ids_are_renumbered_in_order_of_use() -> None:
+    run_a = '<clipPath id="p0fd0d3242f"/><clipPath id="pc652e88a11"/><g clip-path="url(#pc652e88a11)"/>'
+    run_b = '<clipPath id="p9b87895e5d"/><clipPath id="p0123456789"/><g clip-path="url(#p0123456789)"/>'
+    expected = '<clipPath id="clip0"/><clipPath id="clip1"/><g clip-path="url(#clip1)"/>'
+    assert renumber_clip_ids(run_a) == renumber_clip_ids(run_b) == expected
+    glyphs = '<path id="DejaVuSans-41"/><image id="image1bb7e569fd"/>'  # content-derived ids stay
+    assert renumber_clip_ids(glyphs) == glyphs

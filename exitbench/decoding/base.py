@@ -89,6 +89,7 @@ class DecodeResult:
 
     @property
     def tokens_per_round(self) -> float | None:
+        """Generated tokens (the prefill's first included) per draft-verify round; None for non-drafting methods."""
         return self.num_tokens / self.num_rounds if self.num_rounds else None
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ form for ``dvc plots show``.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,18 @@ def _save(fig: Figure, out_dir: Path, name: str) -> list[Path]:
     with mpl.rc_context({"svg.hashsalt": "exitbench"}):  # stable SVG ids, so unchanged plots diff cleanly
         fig.savefig(png, dpi=DPI, metadata={"Software": None})
         fig.savefig(svg, metadata={"Date": None})
+    svg.write_text(renumber_clip_ids(svg.read_text()))
     return [png, svg]
+
+
+_CLIP_ID = re.compile(r'(?:(?<=url\(#)|(?<=id="))p[0-9a-f]{10}\b')
+
+
+def renumber_clip_ids(svg_text: str) -> str:
+    """Clip-path ids numbered in order of first use: matplotlib derives them from float bounds and object
+    counters that can differ between runs, which would rewrite a tracked plot whose content did not change."""
+    ids: dict[str, str] = {}
+    return _CLIP_ID.sub(lambda m: ids.setdefault(m.group(0), f"clip{len(ids)}"), svg_text)
 
 
 SHORT_METHOD = {"self_speculative": "self-spec.", "early_exit": "early exit", "autoregressive": "greedy"}

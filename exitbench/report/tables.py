@@ -115,7 +115,9 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
         return [*lines, NOT_RUN, ""]
     lines += [
         "Speed-up is greedy decoding's time per token over the method's, on the same checkpoint and prompts. "
-        "Acceptance = accepted drafts / drafted tokens. Ideal fraction = measured speed-up / the cost model's "
+        "Acceptance = accepted drafts / drafted tokens. Tokens/round = generated tokens (the first one, from the "
+        "prefill, included) per draft-verify round, so very short outputs push it above 1 + accepted per round. "
+        "Ideal fraction = measured speed-up / the cost model's "
         "ideal. Exactness compares each output token for token with greedy decoding.",
         "",
     ]
