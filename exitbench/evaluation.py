@@ -74,7 +74,7 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
     info_path = model_dir / "model_info.json"
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     model_info = {
-        "num_parameters": info.get("num_parameters", model.num_parameters),
+        "num_parameters": info.get("num_parameters") or model.num_parameters,
         "num_layers": model.num_layers,
         "source": info.get("source"),
         "projection": model.projection,

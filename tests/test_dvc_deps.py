@@ -69,7 +69,10 @@ def stage_scripts() -> list[tuple[str, Path, list[str]]]:
     return found
 
 
-@pytest.mark.parametrize(("stage", "script", "deps"), stage_scripts(), ids=[s[0] for s in stage_scripts()])
+STAGES = stage_scripts()
+
+
+@pytest.mark.parametrize(("stage", "script", "deps"), STAGES, ids=[name for name, _, _ in STAGES])
 def test_stage_depends_on_every_module_it_imports(stage, script, deps):
     assert script.relative_to(ROOT).as_posix() in deps, f"{stage}: its own script is not a dependency"
     missing = []

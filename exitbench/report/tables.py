@@ -117,8 +117,8 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
         "Speed-up is greedy decoding's time per token over the method's, on the same checkpoint and prompts. "
         "Acceptance = accepted drafts / drafted tokens. Tokens/round = generated tokens (the first one, from the "
         "prefill, included) per draft-verify round, so very short outputs push it above 1 + accepted per round. "
-        "Ideal fraction = measured speed-up / the cost model's "
-        "ideal. Exactness compares each output token for token with greedy decoding.",
+        "Ideal fraction = measured speed-up / the cost model's ideal. "
+        "Exactness compares each output token for token with greedy decoding.",
         "",
     ]
     for task in results.eval_tasks():
