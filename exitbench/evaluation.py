@@ -4,8 +4,9 @@ For each (model, task) the greedy baseline runs first; every other method is sco
 and compared with it token for token (mismatch rate, first divergence) and in time per token (speed-up
 as LayerSkip defines it: mean time per generated token of greedy / of the method, same model, dtype,
 prompts and process). Per-sample records are appended to ``<out>/<model>/<task>/<method>.jsonl`` (fsynced
-per line), so an interrupted run resumes where it stopped; a file written under other settings (model
-weights, decoding code, options, budget, dtype) is started afresh. A crash on one sample is recorded, not
+per line), so an interrupted run resumes where it stopped. A record is reused only for the same settings
+(model weights, decoding code, options, budget, dtype) *and* the same sample (prompt token ids, reference,
+data row): other data regenerates exactly the samples that differ. A crash on one sample is recorded, not
 fatal. The summary JSON is written atomically.
 """
 
@@ -116,37 +117,63 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+def sample_key(sample: Sample, prompt_ids: Sequence[int]) -> str:
+    """sha256 of everything a stored record of ``sample`` was made from and scored against: the exact prompt
+    token ids, the sample's id, its reference and its whole data row (HumanEval's tests live there)."""
+    payload = {"id": sample.sample_id, "prompt_ids": list(prompt_ids), "reference": sample.reference, "row": sample.row}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
 class RecordFile:
-    """Append-only per-sample records with a settings key in the first line; resumable."""
+    """Append-only per-sample records, each valid only for one settings key and one sample; resumable.
+
+    A record is stored under ``record_key = sha256(settings key, sample key)``: the settings (weights, code,
+    method options, budget, dtype, ...) and the sample (prompt token ids, reference, data row). A record is
+    reused only when both match, so a new mirror, a new sampling seed or a mended row regenerates exactly
+    the samples that changed, whatever their index. Records of other settings stay in the file, so
+    switching a method's options back reuses them. A torn last line (a kill mid-write) is dropped.
+    """
+
+    VERSION = 2  # records of earlier layouts (keyed by index) are never reused
 
     def __init__(self, path: Path, key: str) -> None:
         self.path = path
-        self.records: dict[int, dict[str, Any]] = {}
+        self.key = key
+        self.stored: dict[str, dict[str, Any]] = {}
+        self.made = 0
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
-            lines = path.read_text().splitlines()
-            header = _parse(lines[0]) if lines else None
-            if header and header.get("key") == key:
-                for line in lines[1:]:
-                    record = _parse(line)
-                    if record is not None and "index" in record:  # a torn last line is dropped
-                        self.records[record["index"]] = record
-        self._rewrite(key)
+            for line in path.read_text().splitlines():
+                record = _parse(line)
+                if record is not None and record.get("layout") == self.VERSION and "record_key" in record:
+                    self.stored[record["record_key"]] = record
+        self._rewrite()
 
-    def _rewrite(self, key: str) -> None:
+    def record_key(self, sample_key: str) -> str:
+        return hashlib.sha256(f"{self.key}/{sample_key}".encode()).hexdigest()[:32]
+
+    def get(self, sample_key: str) -> dict[str, Any] | None:
+        """The stored record of this sample under this file's settings, or None."""
+        return self.stored.get(self.record_key(sample_key))
+
+    def _rewrite(self) -> None:
         tmp = self.path.with_suffix(".jsonl.tmp")
         with tmp.open("w") as handle:
-            handle.write(json.dumps({"key": key}) + "\n")
-            for index in sorted(self.records):
-                handle.write(json.dumps(self.records[index]) + "\n")
+            for record in self.stored.values():
+                handle.write(json.dumps(record) + "\n")
         os.replace(tmp, self.path)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: dict[str, Any], sample_key: str) -> dict[str, Any]:
+        """Store ``record`` for ``sample_key`` (fsynced before returning) and return it as stored."""
+        record = {**record, "layout": self.VERSION, "settings_key": self.key, "sample_key": sample_key,
+                  "record_key": self.record_key(sample_key)}
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        self.records[record["index"]] = record
+        self.stored[record["record_key"]] = record
+        self.made += 1
+        return record
 
 
 def _parse(line: str) -> dict[str, Any] | None:
@@ -168,6 +195,13 @@ class TaskBatch:
     max_new_tokens: int
     tokenizer: Any
 
+    @property
+    def sample_keys(self) -> list[str]:
+        """Each sample's :func:`sample_key` (what its stored records must match)."""
+        if not hasattr(self, "_sample_keys"):
+            self._sample_keys = [sample_key(s, ids) for s, ids in zip(self.samples, self.prompt_ids, strict=True)]
+        return self._sample_keys
+
 
 def run_methods(
     runs: dict[str, tuple[DecodingMethod, RecordFile]], batch: TaskBatch, desc: str
@@ -179,8 +213,9 @@ def run_methods(
     otherwise, compare like with like. Each method warms up once (not recorded) before the first timed
     sample. Returns each method's records in sample order.
     """
+    keys = batch.sample_keys
     todo = {
-        name: [i for i in range(len(batch.samples)) if i not in records.records]
+        name: [i for i in range(len(batch.samples)) if records.get(keys[i]) is None]
         for name, (_, records) in runs.items()
     }
     for name, (method, _) in runs.items():
@@ -189,11 +224,17 @@ def run_methods(
     total = sum(len(indices) for indices in todo.values())
     with tqdm(total=total, desc=desc, unit="gen", leave=False) as bar:
         for index in range(len(batch.samples)):
-            for method, records in runs.values():
-                if index not in records.records:
-                    records.append(_one_sample(method, batch, index))
+            for name, (method, records) in runs.items():
+                if index in todo[name]:
+                    records.append(_one_sample(method, batch, index), keys[index])
                     bar.update()
-    return {name: [records.records[i] for i in range(len(batch.samples))] for name, (_, records) in runs.items()}
+    done: dict[str, list[dict[str, Any]]] = {}
+    for name, (_, records) in runs.items():
+        found = [records.get(key) for key in keys]
+        assert all(record is not None for record in found)
+        # a record reused from another position (the sample moved in the file) takes its index here
+        done[name] = [{**record, "index": i} for i, record in enumerate(found) if record is not None]
+    return done
 
 
 def run_method(method: DecodingMethod, batch: TaskBatch, records: RecordFile, label: str) -> list[dict[str, Any]]:

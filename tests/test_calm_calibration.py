@@ -192,6 +192,19 @@ def test_a_rerun_reuses_every_stored_generation(tiny_model, tmp_path):
                            store=GenerationStore(path, {"model": "x"}))["generations"]["reused"] == 0
 
 
+def test_a_changed_prompt_regenerates_only_that_prompt(tiny_model, tmp_path):
+    """The calibrate store is keyed by the prompt's token ids, not its index: another mirror's row 1 is made
+    anew (greedy and every calm setting), the unchanged rows are reused."""
+    path = tmp_path / "tiny" / "generations.jsonl"
+    task = tiny_task("a", 4, 2)
+    first = calibrate_model(tiny_model, [task], SMALL, store=GenerationStore(path, {"model": "x"}))
+    per_prompt = 1 + len(SMALL.measures) * len(SMALL.kv_strategies) * len(SMALL.thresholds)  # greedy + calm
+    task.calibration[1] = [7, 8, 9, 10, 11]
+    again = calibrate_model(tiny_model, [task], SMALL, store=GenerationStore(path, {"model": "x"}))
+    assert again["generations"]["made"] == per_prompt
+    assert again["generations"]["reused"] == first["generations"]["made"] - per_prompt
+
+
 def test_a_killed_run_resumes_where_it_stopped(tiny_model, tmp_path, monkeypatch):
     reference = calibrate_model(tiny_model, [tiny_task("a", 4, 2)], SMALL)
     total = reference["generations"]["made"]

@@ -95,11 +95,13 @@ def test_records_resume_and_reset_on_new_settings(tiny_model, tmp_path):
 
     method.generate = counting  # type: ignore[method-assign]
     resumed = RecordFile(path, "key1")
-    assert sorted(resumed.records) == [0, 1]
+    assert [resumed.get(key) is not None for key in batch.sample_keys] == [True, True, False]
     run_method(method, batch, resumed, "g")
     assert len(calls) == 2  # one warm-up + the one missing sample
-    assert [json.loads(line).get("index") for line in path.read_text().splitlines()[1:]] == [0, 1, 2]
-    assert RecordFile(path, "key2").records == {}
+    assert [json.loads(line).get("index") for line in path.read_text().splitlines()] == [0, 1, 2]
+    other = RecordFile(path, "key2")
+    assert all(other.get(key) is None for key in batch.sample_keys)
+    assert len(other.stored) == 3  # key1's records stay in the file
 
 
 def test_methods_are_interleaved_per_sample_and_resume_independently(tiny_model, tmp_path):
