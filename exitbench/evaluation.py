@@ -34,6 +34,7 @@ from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
 from exitbench.subvocab import write_task_draft_vocab
+from exitbench.tasks.base import require_isolation
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
 BASELINE = "autoregressive"
@@ -381,6 +382,7 @@ def evaluate_all(cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path) -
     """The whole stage: every model x task x method in params.yaml's ``evaluate`` section."""
     for name, options in cfg.evaluate.methods.items():  # fail fast on an unknown method or bad options
         parse_options(name, options)
+    require_isolation(list(cfg.evaluate.tasks))
     rows = []
     for model_name in cfg.evaluate.models:
         ctx = load_context(cfg, models_dir, model_name)

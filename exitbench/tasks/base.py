@@ -40,6 +40,7 @@ class Task:
     primary_metric: ClassVar[str] = ""
     version: ClassVar[int] = 1  # bump when prompts or scoring change
     context_splits: ClassVar[tuple[str, ...]] = ()  # other splits the prompts draw on (few-shot examples)
+    runs_generated_code: ClassVar[bool] = False  # scoring executes the model's output (in the sandbox)
 
     def __init__(self, settings: TaskSettings | None = None) -> None:
         self.settings = settings or TaskSettings()
@@ -91,6 +92,15 @@ def build_task(name: str, settings: TaskSettings | None = None) -> Task:
     if name not in TASKS:
         raise ExitbenchError(f"unknown task '{name}'; registered: {', '.join(sorted(TASKS))}")
     return TASKS[name](settings)
+
+
+def require_isolation(task_names: Sequence[str]) -> None:
+    """Before any work: when a task would execute generated code, check that the sandbox can isolate it here
+    (one-line :class:`ExitbenchError` otherwise; see :func:`exitbench.tasks.sandbox.isolation`)."""
+    if any(TASKS[name].runs_generated_code for name in task_names if name in TASKS):
+        from exitbench.tasks.sandbox import isolation
+
+        isolation()
 
 
 def require(row: dict[str, Any], key: str, task: str, kind: type = str) -> Any:

@@ -21,6 +21,7 @@ class HumanEval(Task):
     split = "test"
     stop_strings = ("\ndef", "\nclass", "\nif", "\nprint", "\n#")
     primary_metric = "pass@1"
+    runs_generated_code = True
 
     def make_sample(self, index: int, row: dict[str, Any]) -> Sample:
         prompt = require(row, "prompt", self.name)

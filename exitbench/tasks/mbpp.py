@@ -30,6 +30,7 @@ class Mbpp(Task):
     split = "test"
     stop_strings = ("[DONE]",)
     primary_metric = "pass@1"
+    runs_generated_code = True
     context_splits = ("prompt",)
     few_shot_ids = (2, 3, 4)
 

