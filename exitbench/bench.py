@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from exitbench.config import BenchConfig, Config, stage_view
+from exitbench.config import BenchConfig, Config, check_exit_layers, stage_view
 from exitbench.cost_model import alpha_from_acceptance_rate, fraction_of_ideal, ideal_speedup
 from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import DecodeResult, DecodingMethod, StopRule, build_method, method_class
@@ -113,14 +113,13 @@ class StepCosts:
 
 
 def sweep_entries(bench: BenchConfig, num_layers: int, draft_vocab_file: str | None = None) -> list[SweepEntry]:
-    """Greedy first, then self-speculation and each peer at every (E, d) with E < L (others skipped).
+    """Greedy first, then self-speculation and each peer at every (E, d); an E outside 1..L-1 is an error.
 
     With ``draft_vocab_file``, self-speculation also runs with its draft head restricted to that file's ids.
     """
+    check_exit_layers("bench.exit_layers", bench.exit_layers, num_layers)
     entries = [SweepEntry(BASELINE)]
     for exit_layer in bench.exit_layers:
-        if exit_layer >= num_layers:
-            continue
         for d in bench.num_speculations:
             for name in ("self_speculative", *bench.peers):
                 cls = method_class(name)

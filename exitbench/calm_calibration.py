@@ -47,7 +47,7 @@ from exitbench.calibration import (
     min_calibration_size,
 )
 from exitbench.confidence import save_exit_classifier, train_exit_classifier
-from exitbench.config import CalibrateConfig, Config, stage_view
+from exitbench.config import CalibrateConfig, Config, check_exit_layers, stage_view
 from exitbench.data.io import atomic_write_json, read_jsonl, sha256_file, write_jsonl_atomic
 from exitbench.decoding import StopRule, build_method
 from exitbench.decoding.autoregressive import Autoregressive
@@ -58,6 +58,7 @@ from exitbench.identity import decoding_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
+from exitbench.tasks.base import require_isolation
 from exitbench.tasks.cnndm import POOL_SIZE as CNNDM_POOL_SIZE
 from exitbench.tasks.metrics import rouge_scores
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
@@ -460,6 +461,7 @@ def calibrate_model(
     ``prefill_time_ms`` the mean shared prefill per task and split. ``store`` keeps generations across runs.
     """
     check_thresholds(settings.thresholds)
+    check_exit_layers("calibrate.min_exit_layer", [settings.min_exit_layer], model.num_layers)
     if not tasks:
         raise ExitbenchError("calibrate: no tasks given")
     if "classifier" in settings.measures and not classifier_file:
@@ -610,11 +612,14 @@ def run_calibrate_stage(
     check_thresholds(settings.thresholds)
     model_dirs = {name: model_dir_or_error(models_dir, name) for name in settings.models}  # fail before any work
     tasks = [build_task(name, TaskSettings(cfg.base.seed)) for name in settings.tasks]
+    require_isolation(settings.tasks)
     rows = {task.name: read_task_rows(task, data_dir) for task in tasks}
     remove_stale_reports(out_dir, settings.models)
     summary = []
     for name, model_dir in model_dirs.items():
         model = load_early_exit_model(model_dir, cfg.base.dtype, cfg.base.device)
+        # checked here as well as in calibrate_model: training the classifier comes first
+        check_exit_layers("calibrate.min_exit_layer", [settings.min_exit_layer], model.num_layers)
         tokenizer = load_tokenizer(model_dir)
         classifier = ""
         if "classifier" in settings.measures:

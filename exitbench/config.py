@@ -2,8 +2,9 @@
 
 ``params.yaml`` holds ``profile`` (the active profile), one default section per stage, and
 ``profiles.<name>`` with the values each profile overrides. The effective config is
-``deep_merge(defaults, profiles[profile])``, validated by pydantic (unknown keys and wrong types are
-rejected with one line naming the key, the file and what is allowed).
+``deep_merge(defaults, profiles[profile])``, validated by pydantic in strict mode (unknown keys and wrong
+types are rejected with one line naming the key, the file and what is allowed: ``true`` is not an integer,
+``"2"`` is not a number; an integer is accepted where a float is expected).
 
 The ``configure`` stage writes the resolved section(s) each stage uses to ``build/config/<stage>.json``;
 each DVC stage depends on its own file, so switching profile re-runs exactly the stages whose effective
@@ -13,8 +14,9 @@ values changed, and ``dvc.lock`` records the exact values.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,9 +27,13 @@ PROFILES = ("cpu", "smoke", "paper")
 
 
 class Section(BaseModel):
-    """Base for every config section: frozen, and unknown keys are errors."""
+    """Base for every config section: frozen, strict (no coercion of bools or strings to numbers), and
+    unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+ExitLayer = Annotated[int, Field(ge=1)]  # a layer count E; its upper bound L - 1 is checked once the model is loaded
 
 
 class BaseConfig(Section):
@@ -123,7 +129,7 @@ class EvaluateConfig(Section):
 class BenchConfig(Section):
     models: list[str] = ["base", "layerskip"]
     task: str = "topv2"
-    exit_layers: list[int] = [4, 8, 12, 15]
+    exit_layers: list[ExitLayer] = [4, 8, 12, 15]
     num_speculations: list[int] = [1, 2, 4]
     num_prompts: int = Field(4, ge=1)
     max_new_tokens: int = Field(32, ge=1)
@@ -162,7 +168,7 @@ class ProbeConfig(Section):
 
 class CostModelConfig(Section):
     shapes: dict[str, dict[str, int]] = {}
-    exit_layers: list[int] = [4, 8, 12]
+    exit_layers: list[ExitLayer] = [4, 8, 12]
     num_speculations: list[int] = [1, 2, 4, 8, 12]
     prompt_lengths: list[int] = [128]
     repeats: int = Field(5, ge=1)
@@ -216,6 +222,18 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
+# Strict-mode type errors, said as what was expected (the value shown as YAML/JSON writes it: true, "2").
+_EXPECTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+}
+
+
 def _format_validation_error(err: ValidationError, source: str) -> str:
     first = err.errors()[0]
     key = ".".join(str(part) for part in first["loc"])
@@ -224,10 +242,26 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         allowed = _allowed_keys(parent_loc)
         hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
         return f"{source}: unknown key '{key}'{hint}"
-    got = first.get("input")
-    got_text = "" if isinstance(got, dict) else f" (got {got!r})"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{source}: '{key}': {first['msg']}{got_text}{more}"
+    got = first.get("input")
+    if first["type"] in _EXPECTED:
+        return f"{source}: {key}: expected {_EXPECTED[first['type']]}, got {_shown(got, first['type'])}{more}"
+    got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+    return f"{source}: {key}: {first['msg']}{got_text}{more}"
+
+
+def _shown(value: Any, error_type: str) -> str:
+    """``value`` as YAML/JSON writes it, with a hint when a number was written as text (``"2"``, ``1e-4``)."""
+    text = json.dumps(value, default=str)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    if error_type in ("int_type", "float_type") and isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return text
+        exponent = "e" in value.lower()
+        text += " (YAML reads 1e-4 as text: write 1.0e-4)" if exponent else " (text, not a number: drop the quotes)"
+    return text
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -304,6 +338,64 @@ def train_variant_view(config: Config, variant: str) -> dict[str, Any]:
     view = stage_view(config, "train")
     view["train"] = {"variants": {variant: view["train"]["variants"][variant]}}
     return view
+
+
+def check_references(
+    cfg: Config,
+    source: str,
+    tasks: Collection[str],
+    methods: Collection[str],
+    parse_options: Callable[[str, dict[str, Any]], object],
+) -> None:
+    """Every model, task and method ``cfg`` names exists, checked by `configure` before any stage computes.
+
+    Models are ``base`` or a ``train.variants`` key; tasks are in ``tasks`` (the task registry) and in
+    ``data.tasks``; methods are in ``methods`` (the decoding registry), and ``parse_options`` validates each
+    ``evaluate.methods`` entry. The registries are passed in, so this module imports neither.
+    """
+    where = f"{source} (profile '{cfg.profile}')"
+    models = ["base", *sorted(cfg.train.variants)]
+    for key in ("evaluate.models", "probe.models", "bench.models", "calibrate.models"):
+        _check_known(where, key, "model", _get(cfg, key), models, "allowed (base or a train.variants key)")
+    named_tasks = {"evaluate.tasks": list(cfg.evaluate.tasks), "calibrate.tasks": cfg.calibrate.tasks,
+                   "bench.task": [cfg.bench.task]}
+    for key, names in named_tasks.items():
+        _check_known(where, key, "task", names, sorted(tasks), "registered")
+        for name in names:
+            if name not in cfg.data.tasks:
+                raise ExitbenchError(
+                    f"{where}: {key}: task '{name}' is not in data.tasks ({', '.join(cfg.data.tasks)}); "
+                    "add it there so prepare_data makes its data"
+                )
+    for key in ("evaluate.methods", "bench.peers"):
+        _check_known(where, key, "method", list(_get(cfg, key)), sorted(methods), "registered")
+    for name, options in cfg.evaluate.methods.items():
+        try:
+            parse_options(name, options)
+        except ExitbenchError as err:
+            raise ExitbenchError(f"{where}: evaluate.methods.{name}: {err}") from None
+
+
+def _get(cfg: Config, key: str) -> Any:
+    section, field = key.split(".")
+    return getattr(getattr(cfg, section), field)
+
+
+def _check_known(where: str, key: str, kind: str, names: Iterable[str], allowed: list[str], among: str) -> None:
+    for name in names:
+        if name not in allowed:
+            raise ExitbenchError(f"{where}: {key}: unknown {kind} '{name}'; {among}: {', '.join(allowed)}")
+
+
+def check_exit_layers(key: str, layers: Iterable[int], num_layers: int) -> None:
+    """Every exit layer E under ``key`` leaves layers after it, ``1 <= E <= L - 1``: L is known only once a
+    stage has loaded its model, so the stage calls this before it computes anything."""
+    for layer in layers:
+        if not 1 <= layer < num_layers:
+            raise ExitbenchError(
+                f"{key}: exit layer {layer} is outside 1..{num_layers - 1} for this {num_layers}-layer model; "
+                f"set {key} within 1..{num_layers - 1}"
+            )
 
 
 def load_stage(path: str | Path) -> Config:

@@ -1,5 +1,8 @@
 """Stage `configure`: validate params.yaml and write each stage's resolved config to build/config/.
 
+Validation covers types and keys, and that every model, task and method named exists (the registries of
+:mod:`exitbench.tasks` and :mod:`exitbench.decoding`), so a typo fails here, before any stage computes.
+
 Every other stage depends on its own file here, so switching profile re-runs exactly the stages whose
 effective values changed.
 """
@@ -13,6 +16,8 @@ from pathlib import Path
 from exitbench import config
 from exitbench.cli import run_stage
 from exitbench.data.io import atomic_write_text
+from exitbench.decoding import REGISTRY, parse_options
+from exitbench.tasks.registry import TASKS
 
 
 def main() -> None:
@@ -21,6 +26,7 @@ def main() -> None:
     parser.add_argument("--out", default="build/config")
     args = parser.parse_args()
     cfg = config.load(args.params)
+    config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for stage in config.STAGE_SECTIONS:

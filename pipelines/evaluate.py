@@ -5,9 +5,29 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from transformers import AutoConfig
+
 from exitbench.cli import run_stage, set_threads
-from exitbench.config import load_stage
+from exitbench.config import EvaluateConfig, check_exit_layers, load_stage
+from exitbench.decoding import parse_options
 from exitbench.evaluation import evaluate_all
+
+
+def check_method_exit_layers(evaluate: EvaluateConfig, models_dir: Path) -> None:
+    """Every ``evaluate.methods.<name>.exit_layer`` (calm: ``min_exit_layer``) within 1..L-1 of every listed
+    model, L read from the model's config.json: one error before any model is loaded or any sample generated."""
+    layers = {}
+    for name, options in evaluate.methods.items():
+        parsed = parse_options(name, options)
+        for option in ("exit_layer", "min_exit_layer"):
+            if getattr(parsed, option, None) is not None:
+                layers[f"evaluate.methods.{name}.{option}"] = getattr(parsed, option)
+    for model in evaluate.models:
+        if not (models_dir / model / "config.json").exists():
+            continue  # evaluate_all names the missing model and the stage that makes it
+        num_layers = AutoConfig.from_pretrained(models_dir / model).num_hidden_layers
+        for key, layer in layers.items():
+            check_exit_layers(key, [layer], num_layers)
 
 
 def main() -> None:
@@ -19,6 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load_stage(args.config)
     set_threads(cfg.base.threads)
+    check_method_exit_layers(cfg.evaluate, Path(args.models_dir))
     rows = evaluate_all(cfg, Path(args.models_dir), Path(args.data), Path(args.out))
     for row in rows:
         speedup = row["speedup_vs_greedy"]

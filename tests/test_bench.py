@@ -26,6 +26,7 @@ from exitbench.bench import (
 )
 from exitbench.config import BenchConfig, resolve, stage_view
 from exitbench.decoding import StopRule, build_method
+from exitbench.errors import ExitbenchError
 
 NUM_LAYERS = 4
 
@@ -36,7 +37,7 @@ def prompts() -> list[list[int]]:
 
 
 BENCH = BenchConfig(
-    models=["tiny"], exit_layers=[1, 2, NUM_LAYERS], num_speculations=[1, 3], num_prompts=2, max_new_tokens=8,
+    models=["tiny"], exit_layers=[1, 2], num_speculations=[1, 3], num_prompts=2, max_new_tokens=8,
     repeats=2, dtypes=["float32"], peers=["hf_early_exit", "speculative"],
 )
 
@@ -46,13 +47,24 @@ def rows(tiny_model):
     return run_sweep(tiny_model, prompts(), BENCH, model_name="tiny", dtype="float32", cost_iters=2, progress=False)
 
 
-def test_sweep_entries_skip_exit_layers_at_or_beyond_the_last():
+def test_sweep_entries_cover_every_exit_layer_and_d():
     entries = sweep_entries(BENCH, NUM_LAYERS)
     assert entries[0] == SweepEntry(BASELINE)
     assert {e.exit_layer for e in entries[1:]} == {1, 2}
     assert len(entries) == 1 + 2 * 2 * 3
     speculative = next(e for e in entries if e.method == "speculative")
     assert dict(speculative.options) == {"num_speculations": speculative.num_speculations}
+
+
+@pytest.mark.parametrize("exit_layer", [NUM_LAYERS, 40])
+def test_exit_layer_at_or_past_the_last_is_an_error_not_a_dropped_row(tiny_model, exit_layer):
+    bench = BENCH.model_copy(update={"exit_layers": [1, exit_layer]})
+    with pytest.raises(ExitbenchError) as info:
+        run_sweep(tiny_model, prompts(), bench, progress=False)
+    assert str(info.value) == (
+        f"bench.exit_layers: exit layer {exit_layer} is outside 1..3 for this 4-layer model; "
+        "set bench.exit_layers within 1..3"
+    )
 
 
 def test_sweep_rows_are_exact_and_complete(rows):

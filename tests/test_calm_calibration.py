@@ -281,6 +281,17 @@ def test_malformed_inputs_are_one_line_errors(tiny_model):
         calibrate_model(tiny_model, [], SETTINGS)
 
 
+@pytest.mark.parametrize("min_exit_layer", [4, 40])
+def test_min_exit_layer_past_the_model_is_an_error_before_any_generation(tiny_model, min_exit_layer):
+    settings = SETTINGS.model_copy(update={"min_exit_layer": min_exit_layer})
+    with pytest.raises(ExitbenchError) as info:
+        calibrate_model(tiny_model, [tiny_task("a", 2, 1)], settings)
+    assert str(info.value) == (
+        f"calibrate.min_exit_layer: exit layer {min_exit_layer} is outside 1..3 for this 4-layer model; "
+        "set calibrate.min_exit_layer within 1..3"
+    )
+
+
 # --------------------------------------------------------------------------------- splits and files
 
 

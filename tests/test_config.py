@@ -45,12 +45,19 @@ def test_config_is_frozen():
     ("raw", "expected"),
     [
         ({"train": {"variants": {"layerskip": {"stepz": 3}}}}, "unknown key 'train.variants.layerskip.stepz'"),
-        ({"bench": {"num_prompts": "many"}}, "'bench.num_prompts': Input should be a valid integer"),
-        ({"base": {"dtype": "float8"}}, "'base.dtype': Input should be 'float32', 'bfloat16' or 'float16'"),
+        ({"bench": {"num_prompts": "many"}}, 'bench.num_prompts: expected an integer, got "many"'),
+        ({"base": {"dtype": "float8"}}, "base.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
         ({"evaluat": {}}, "unknown key 'evaluat'; allowed keys here: base, bench"),
         ({"profile": "gpu"}, "profile 'gpu' is not known"),
         ({"profiles": {"fast": {}}}, "unknown profile(s) ['fast']"),
-        ({"calibrate": {"epsilon": 2.0}}, "'calibrate.epsilon': Input should be less than 1"),
+        ({"calibrate": {"epsilon": 2.0}}, "calibrate.epsilon: Input should be less than 1"),
+        ({"evaluate": {"tasks": {"topv2": {"num_samples": True}}}},
+         "evaluate.tasks.topv2.num_samples: expected an integer, got true"),
+        ({"bench": {"num_prompts": "2"}}, 'bench.num_prompts: expected an integer, got "2" (text, not a number'),
+        ({"train": {"variants": {"calm": {"lr": "1e-4"}}}}, 'lr: expected a number, got "1e-4" (YAML reads 1e-4 as'),
+        ({"train": {"variants": {"calm": {"autocast_bf16": 1}}}}, "autocast_bf16: expected true or false, got 1"),
+        ({"base": {"seed": 1.5}}, "base.seed: expected an integer, got 1.5"),
+        ({"bench": {"exit_layers": [8, 0]}}, "bench.exit_layers.1: Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_values_give_one_clear_line(raw, expected):
@@ -61,9 +68,62 @@ def test_bad_values_give_one_clear_line(raw, expected):
     assert "\n" not in message
 
 
+def test_strict_types_take_yaml_floats_ints_as_floats_and_configure_json():
+    raw = yaml.safe_load("train: {variants: {layerskip: {lr: 1.0e-4, e_scale: 1, grad_clip: 2}}}")
+    variant = config.resolve(raw).train.variants["layerskip"]
+    assert (variant.lr, variant.e_scale, variant.grad_clip) == (1.0e-4, 1.0, 2.0)
+    for profile in config.PROFILES:  # every stage's build/config JSON (lists, mappings) validates back
+        cfg = config.load(REPO / "params.yaml", profile=profile)
+        for stage, sections in config.STAGE_SECTIONS.items():
+            loaded = config.Config.model_validate(json.loads(json.dumps(config.stage_view(cfg, stage))))
+            assert all(getattr(loaded, name) == getattr(cfg, name) for name in sections)
+
+
 def test_unknown_key_lists_allowed_keys():
     with pytest.raises(ExitbenchError, match=r"allowed keys here: .*num_speculations"):
         config.resolve({"bench": {"exit_layer": [1]}})
+
+
+def check_references(raw: dict) -> None:
+    from exitbench.decoding import REGISTRY, parse_options
+    from exitbench.tasks.registry import TASKS
+
+    variants = {"train": {"variants": {"layerskip": {}, "calm": {"recipe": "calm"}}}}
+    cfg = config.resolve(config.deep_merge(variants, raw))
+    config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+
+
+def test_repository_params_name_only_known_models_tasks_and_methods():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    for profile in config.PROFILES:
+        check_references({**raw, "profile": profile})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"evaluate": {"models": ["base", "lyerskip"]}},
+         "evaluate.models: unknown model 'lyerskip'; allowed (base or a train.variants key): base, calm, layerskip"),
+        ({"probe": {"models": ["clam"]}}, "probe.models: unknown model 'clam'"),
+        ({"bench": {"models": ["draft"]}}, "bench.models: unknown model 'draft'"),
+        ({"calibrate": {"models": ["x"]}}, "calibrate.models: unknown model 'x'"),
+        ({"evaluate": {"tasks": {"gsm8k": {}}}},
+         "evaluate.tasks: unknown task 'gsm8k'; registered: cnndm, humaneval, mbpp, topv2"),
+        ({"calibrate": {"tasks": ["mbpp"]}, "data": {"tasks": ["cnndm", "humaneval", "topv2"]}},
+         "calibrate.tasks: task 'mbpp' is not in data.tasks (cnndm, humaneval, topv2); add it there"),
+        ({"bench": {"task": "topv3"}}, "bench.task: unknown task 'topv3'; registered: "),
+        ({"bench": {"peers": ["hf_early_exitt"]}}, "bench.peers: unknown method 'hf_early_exitt'; registered: "),
+        ({"evaluate": {"methods": {"greedy": {}}}}, "evaluate.methods: unknown method 'greedy'; registered: "),
+        ({"evaluate": {"methods": {"early_exit": {"exit_layer": 3, "num_speculations": 2}}}},
+         "evaluate.methods.early_exit: method 'early_exit': option 'num_speculations': Extra inputs are not"),
+    ],
+)
+def test_unknown_model_task_or_method_is_one_line_naming_key_and_allowed(raw, expected):
+    with pytest.raises(ExitbenchError) as info:
+        check_references(raw)
+    message = str(info.value)
+    assert message.startswith("params.yaml (profile 'cpu'): ") and expected in message
+    assert "\n" not in message
 
 
 def test_stage_view_holds_only_the_sections_a_stage_reads():
@@ -85,9 +145,20 @@ def test_load_stage_roundtrip(tmp_path):
     assert loaded.profile == "smoke"
 
 
-def test_wrong_key_in_params_file_is_one_line_without_traceback(tmp_path):
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("  seed: 1234", "  sed: 1234", "unknown key 'base.sed'"),
+        ("\ncheck:\n", "\nchecks: {}\ncheck:\n", "unknown key 'checks'; allowed keys here: base, bench"),
+        ("  models: [base, layerskip, calm]\n  tasks:", "  models: [base, layerskip, clam]\n  tasks:",
+         "evaluate.models: unknown model 'clam'"),
+    ],
+)
+def test_wrong_key_in_params_file_is_one_line_without_traceback(tmp_path, old, new, expected):
     params = tmp_path / "params.yaml"
-    params.write_text((REPO / "params.yaml").read_text().replace("  seed: 1234", "  sed: 1234"))
+    text = (REPO / "params.yaml").read_text()
+    assert text.count(old) == 1
+    params.write_text(text.replace(old, new))
     out = tmp_path / "config"
     proc = subprocess.run(
         [sys.executable, str(REPO / "pipelines" / "configure.py"), "--params", str(params), "--out", str(out)],
@@ -98,7 +169,7 @@ def test_wrong_key_in_params_file_is_one_line_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
-    assert "unknown key 'base.sed'" in proc.stderr
+    assert expected in proc.stderr
 
 
 def test_configure_writes_one_file_per_stage(tmp_path):

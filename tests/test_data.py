@@ -246,6 +246,20 @@ def test_topv2_bad_header(mirror: Path, tmp_path: Path) -> None:
         prepare_data(DataConfig(tasks=["topv2"], topv2_domains=["alarm"]), tmp_path / "data", mirror)
 
 
+@pytest.mark.parametrize("lines", [[TOPV2_HEADER], [TOPV2_HEADER, "weather\tno parse"]])
+def test_configured_domain_with_no_rows_in_a_split_is_an_error(mirror: Path, tmp_path: Path, lines) -> None:
+    """alarm still fills the eval split, so only the per-domain check sees that weather is missing from it."""
+    path = mirror / "topv2" / "weather_eval.tsv"
+    _write_lines(path, lines)
+    with pytest.raises(ExitbenchError) as info:
+        prepare_data(DataConfig(tasks=["topv2"], topv2_domains=DOMAINS), tmp_path / "data", mirror)
+    assert str(info.value) == (
+        f"topv2: domain 'weather' has no valid rows in {path.resolve()} ({len(lines) - 1} malformed); replace it "
+        "with the authors' TSV file or drop the domain from data.topv2_domains"
+    )
+    assert not (tmp_path / "data" / "topv2").exists()
+
+
 def test_split_with_no_valid_rows_is_an_error(mirror: Path, tmp_path: Path) -> None:
     _write_lines(mirror / "cnndm" / "test_subset.jsonl", ["[1, 2]", "oops"])
     expected = r"^cnndm/test: no valid rows in .* \(2 malformed, e.g. line 1: not a JSON object"

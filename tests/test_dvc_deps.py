@@ -83,3 +83,9 @@ def test_stage_depends_on_every_module_it_imports(stage, script, deps):
         if not any(relative == dep or relative.startswith(dep.rstrip("/") + "/") for dep in deps):
             missing.append(relative)
     assert not missing, f"dvc.yaml stage '{stage}' imports {missing} but does not list them as deps"
+
+
+def test_configure_depends_on_the_whole_params_file():
+    """A key no `params:` entry lists (a typo, a new top-level section) still reruns configure, which rejects it."""
+    deps = next(deps for name, _, deps in STAGES if name == "configure")
+    assert "params.yaml" in deps

@@ -208,3 +208,37 @@ def test_record_keys_name_the_weights_and_the_decoding_code(tmp_path):
     assert _model_key(tmp_path) != before
     code = decoding_code_identity()
     assert len(code) == 64 and code == decoding_code_identity()
+
+
+def _evaluate_pipeline():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "pipelines" / "evaluate.py"
+    spec = importlib.util.spec_from_file_location("evaluate_cli", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("exit_layer", [4, 40])
+def test_exit_layer_past_the_model_fails_before_any_model_is_loaded(tmp_path, exit_layer):
+    from exitbench.config import EvaluateConfig
+    from exitbench.errors import ExitbenchError
+    from exitbench.models.tiny import random_llama
+
+    random_llama(seed=0).config.save_pretrained(tmp_path / "tiny")  # config only: loading weights would fail
+    methods = {"autoregressive": {}, "self_speculative": {"exit_layer": 2, "num_speculations": 2},
+               "early_exit": {"exit_layer": exit_layer}}
+    evaluate = EvaluateConfig(models=["tiny"], methods=methods)
+    with pytest.raises(ExitbenchError) as info:
+        _evaluate_pipeline().check_method_exit_layers(evaluate, tmp_path)
+    assert str(info.value) == (
+        f"evaluate.methods.early_exit.exit_layer: exit layer {exit_layer} is outside 1..3 for this 4-layer model; "
+        "set evaluate.methods.early_exit.exit_layer within 1..3"
+    )
+    calm = EvaluateConfig(models=["tiny"], methods={"calm": {"threshold": 0.5, "min_exit_layer": exit_layer}})
+    with pytest.raises(ExitbenchError, match=r"^evaluate\.methods\.calm\.min_exit_layer: exit layer"):
+        _evaluate_pipeline().check_method_exit_layers(calm, tmp_path)
+    fits = EvaluateConfig(models=["tiny", "absent"], methods={"early_exit": {"exit_layer": 3}})
+    _evaluate_pipeline().check_method_exit_layers(fits, tmp_path)  # an absent model is left to evaluate_all

@@ -15,6 +15,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from exitbench.config import BaseConfig, Config, TrainConfig, TrainVariant
+from exitbench.errors import ExitbenchError
 from exitbench.models.load import load_causal_lm
 from exitbench.models.tiny import random_llama
 from exitbench.training.corpora import DataOrder, Example, build_corpus, collate, pack
@@ -215,6 +216,33 @@ def test_resume_after_a_kill_gives_the_same_weights(workspace):
     assert [e["loss"] for e in second["history"]] == [e["loss"] for e in full["history"]]
     expected, got = _state(straight.out), _state(resumed.out)
     assert all(torch.equal(expected[key], got[key]) for key in expected)
+
+
+def test_truncated_newest_checkpoint_resumes_from_the_previous(workspace, caplog):
+    config = variant(steps=6, checkpoint_every=2)
+    paths = paths_for(workspace, "truncated")
+    assert train(config, BASE, paths, max_steps_this_run=5, progress=False) is None  # checkpoints at 2 and 4
+    newest = paths.checkpoints / "checkpoint.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a write cut short by a full disk
+    with caplog.at_level("WARNING", logger="exitbench.training.trainer"):
+        report = train(config, BASE, paths, progress=False)
+    assert report["resumed_from_step"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "checkpoint.pt" in warnings[0] and "checkpoint.prev.pt" in warnings[0]
+    assert (paths.checkpoints / "checkpoint.prev.pt").exists()  # the last two good ones are kept again
+
+
+def test_no_readable_checkpoint_is_one_line(workspace):
+    paths = paths_for(workspace, "corrupt")
+    paths.checkpoints.mkdir(parents=True)
+    (paths.checkpoints / "checkpoint.pt").write_bytes(b"")
+    (paths.checkpoints / "checkpoint.prev.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ExitbenchError) as info:
+        train(variant(steps=2), BASE, paths, progress=False)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{paths.checkpoints}: no checkpoint can be read (checkpoint.pt: EOFError; ")
+    assert message.endswith(f"delete {paths.checkpoints} to train from step 0")
 
 
 def test_calm_recipe_and_gradual_curriculum_run(workspace):

@@ -267,9 +267,11 @@ def _topv2_row(columns: list[str], domain: str) -> tuple[dict[str, Any] | None, 
     return (None, problem) if problem else (row, None)
 
 
-def _read_topv2_file(path: Path, domain: str, target: SplitData) -> None:
+def _read_topv2_file(path: Path, domain: str, target: SplitData) -> int:
+    """Add the file's rows to ``target``; returns how many were valid (kept or over the row cap)."""
     name = path.name
     header_seen = False
+    valid = 0
     for lineno, text in _lines("topv2", path):
         if isinstance(text, _Bad):
             target.reject(f"{name} line {lineno}", text.reason)
@@ -292,6 +294,8 @@ def _read_topv2_file(path: Path, domain: str, target: SplitData) -> None:
             target.reject(f"{name} line {lineno}", reason or "malformed")
         else:
             target.add(row)
+            valid += 1
+    return valid
 
 
 def topv2_file_parts(path: Path) -> tuple[str, str]:
@@ -310,7 +314,12 @@ def load_topv2(source: Source, max_rows: int = 0) -> dict[str, SplitData]:
     for split, files in by_split.items():
         target = SplitData("topv2", split, source.describe([path for _, path in files]), max_rows)
         for domain, path in files:
-            _read_topv2_file(path, domain, target)
+            malformed = target.malformed
+            if not _read_topv2_file(path, domain, target):  # the split would silently lack this domain
+                raise ExitbenchError(
+                    f"topv2: domain '{domain}' has no valid rows in {path} ({target.malformed - malformed} "
+                    "malformed); replace it with the authors' TSV file or drop the domain from data.topv2_domains"
+                )
         data[split] = target
     return data
 

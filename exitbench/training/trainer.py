@@ -8,7 +8,8 @@ them behind ``compute_loss`` and the model's own forward while adding nothing th
 One optimizer step t: draw the layer-dropout mask for the global batch (the trainer's seeded generator),
 choose the enabled exits C(t, .), run the micro-batches (gradient accumulation, bf16 autocast), clip,
 AdamW, linear warm-up + cosine LR. Every ``checkpoint_every`` steps the whole state is written atomically;
-a re-run resumes from the last checkpoint, so a kill -9 at any moment loses at most that interval.
+a re-run resumes from the last checkpoint, so a kill -9 at any moment loses at most that interval. The one
+before it is kept too: a newest file that cannot be read (truncated, corrupt) falls back to it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import shutil
 import statistics
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +49,11 @@ logger = logging.getLogger(__name__)
 _NON_TRAJECTORY_FIELDS = ("checkpoint_every", "timing_steps")
 _FINAL_EVAL_ROWS = 8
 CHECKPOINT_FILE = "checkpoint.pt"
+PREVIOUS_CHECKPOINT_FILE = "checkpoint.prev.pt"  # the one before, kept in case the newest cannot be read
+# What torch.load raises on a truncated or corrupt file (zip reader, unpickler, legacy-format reader).
+_UNREADABLE = (
+    RuntimeError, EOFError, KeyError, ValueError, FileNotFoundError, pickle.UnpicklingError, zipfile.BadZipFile,
+)
 
 
 @dataclass(frozen=True)
@@ -344,7 +352,10 @@ def measure_overhead(run: Run, examples: list[Example], last_step: int) -> dict[
 
 
 def save_checkpoint(checkpoint_dir: Path, payload: dict[str, Any]) -> None:
-    """torch.save to a temporary file, fsync, then os.replace: the checkpoint is always whole or absent."""
+    """torch.save to a temporary file, fsync, then os.replace: each checkpoint is always whole or absent.
+
+    The previous newest checkpoint is first renamed to ``checkpoint.prev.pt``, so the last two are kept.
+    """
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     for stale in checkpoint_dir.glob(f"{CHECKPOINT_FILE}.tmp-*"):  # left by a save that was killed
         stale.unlink(missing_ok=True)
@@ -353,15 +364,46 @@ def save_checkpoint(checkpoint_dir: Path, payload: dict[str, Any]) -> None:
         torch.save(payload, handle)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(temporary, checkpoint_dir / CHECKPOINT_FILE)
+    newest = checkpoint_dir / CHECKPOINT_FILE
+    if newest.exists():  # a kill between the two renames leaves only the previous one: load_checkpoint uses it
+        os.replace(newest, checkpoint_dir / PREVIOUS_CHECKPOINT_FILE)
+    os.replace(temporary, newest)
+
+
+def _read_checkpoint(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """``(payload, "")``, or ``(None, reason)`` when torch cannot read the file (truncated or corrupt)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), ""
+    except _UNREADABLE as err:
+        detail = (str(err).splitlines() or [""])[0][:100]
+        return None, f"{type(err).__name__}: {detail}" if detail else type(err).__name__
 
 
 def load_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
-    """The last checkpoint in ``checkpoint_dir`` (None if there is none); leftovers of killed saves are ignored."""
-    path = checkpoint_dir / CHECKPOINT_FILE
-    if not path.exists():
+    """The newest readable checkpoint in ``checkpoint_dir`` (None if there is none).
+
+    A newest file that cannot be read falls back to the previous one, with one warning naming it; the bad
+    file is moved aside (``checkpoint.pt.unreadable``) so the next save keeps the good one as the previous.
+    When no file can be read, one error naming the folder. Leftovers of killed saves are ignored.
+    """
+    paths = [checkpoint_dir / name for name in (CHECKPOINT_FILE, PREVIOUS_CHECKPOINT_FILE)]
+    problems: list[str] = []
+    for path in filter(Path.exists, paths):
+        payload, reason = _read_checkpoint(path)
+        if payload is None:
+            problems.append(f"{path.name}: {reason}")
+            continue
+        if problems:
+            logger.warning("%s: cannot read %s; resuming from %s", checkpoint_dir, problems[0], path.name)
+            with contextlib.suppress(FileNotFoundError):  # another rank may have moved it already
+                os.replace(paths[0], paths[0].with_name(f"{CHECKPOINT_FILE}.unreadable"))
+        return payload
+    if not problems:
         return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    raise ExitbenchError(
+        f"{checkpoint_dir}: no checkpoint can be read ({'; '.join(problems)}); "
+        f"delete {checkpoint_dir} to train from step 0"
+    )
 
 
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
