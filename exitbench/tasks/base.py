@@ -97,6 +97,8 @@ def build_task(name: str, settings: TaskSettings | None = None) -> Task:
 def require_isolation(task_names: Sequence[str]) -> None:
     """Before any work: when a task would execute generated code, check that the sandbox can isolate it here
     (one-line :class:`ExitbenchError` otherwise; see :func:`exitbench.tasks.sandbox.isolation`)."""
+    import exitbench.tasks.registry  # noqa: F401  (registers every task)
+
     if any(TASKS[name].runs_generated_code for name in task_names if name in TASKS):
         from exitbench.tasks.sandbox import isolation
 
