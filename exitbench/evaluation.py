@@ -18,6 +18,7 @@ import os
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -196,12 +197,10 @@ class TaskBatch:
     max_new_tokens: int
     tokenizer: Any
 
-    @property
+    @cached_property
     def sample_keys(self) -> list[str]:
         """Each sample's :func:`sample_key` (what its stored records must match)."""
-        if not hasattr(self, "_sample_keys"):
-            self._sample_keys = [sample_key(s, ids) for s, ids in zip(self.samples, self.prompt_ids, strict=True)]
-        return self._sample_keys
+        return [sample_key(s, ids) for s, ids in zip(self.samples, self.prompt_ids, strict=True)]
 
 
 def run_methods(
@@ -216,12 +215,12 @@ def run_methods(
     """
     keys = batch.sample_keys
     todo = {
-        name: [i for i in range(len(batch.samples)) if records.get(keys[i]) is None]
+        name: {i for i in range(len(batch.samples)) if records.get(keys[i]) is None}
         for name, (_, records) in runs.items()
     }
     for name, (method, _) in runs.items():
         if todo[name]:
-            method.generate(batch.prompt_ids[todo[name][0]], min(4, batch.max_new_tokens), batch.stop)
+            method.generate(batch.prompt_ids[min(todo[name])], min(4, batch.max_new_tokens), batch.stop)
     total = sum(len(indices) for indices in todo.values())
     with tqdm(total=total, desc=desc, unit="gen", leave=False) as bar:
         for index in range(len(batch.samples)):
