@@ -59,14 +59,12 @@ from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
 from exitbench.tasks.base import require_isolation
-from exitbench.tasks.cnndm import POOL_SIZE as CNNDM_POOL_SIZE
 from exitbench.tasks.metrics import rouge_scores
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
-# Where calibration prompts come from: a split of their own, else the END of the task's test split (the
-# evaluated rows are its first N). Some tasks keep the very last rows for themselves (cnndm's one-shot pool).
+# Where calibration prompts come from: a split of their own, else the rows of the task's test split that
+# the seeded draw ranks right after the test sample (see calibration_samples).
 CALIBRATION_SPLIT: dict[str, str] = {"topv2": "eval"}
-RESERVED_TAIL: dict[str, int] = {"cnndm": CNNDM_POOL_SIZE}
 CLASSIFIER_SEQUENCES = 64
 CLASSIFIER_STEPS = 200
 CLASSIFIER_LR = 1e-2
@@ -149,25 +147,26 @@ def calibration_samples(
 ) -> tuple[list[Sample], list[Sample]]:
     """Calibration and test samples, built by the task's own prompt function (the one evaluate uses).
 
-    Test = the first ``num_test`` rows of the task's split (evaluate's rows); calibration = the first rows
-    of :data:`CALIBRATION_SPLIT` when the task has one, else the last rows of the test split before the
-    :data:`RESERVED_TAIL` (so calibration and test never share a row).
+    Test = the task's seeded draw of ``num_test`` rows of its split (:meth:`Task.samples`: the first
+    ``num_test`` of evaluate's sample, same ids and prompts). Calibration = the same sampler's draw of
+    ``num_calibration`` rows of :data:`CALIBRATION_SPLIT` when the task has one, else the next
+    ``num_calibration`` rows of the test split's draw order (the draw is prefix-stable, so these follow the
+    test rows and never include one): calibration and test never share a row.
     """
     task.set_context({split: rows_by_split.get(split, []) for split in task.context_splits})
     rows = rows_by_split.get(task.split, [])
+    lower = "calibrate.num_test/num_calibration"
     if task.name in CALIBRATION_SPLIT:
         own = rows_by_split.get(CALIBRATION_SPLIT[task.name], [])
-        calibration = task.samples(own, num_calibration)
-        return calibration, task.samples(rows, num_test)
-    reserved = RESERVED_TAIL.get(task.name, 0)
-    needed = num_test + num_calibration + reserved
+        calibration = task.samples(own, num_calibration, lower)
+        return calibration, task.samples(rows, num_test, lower)
+    needed = num_test + num_calibration
     if len(rows) < needed:
         raise ExitbenchError(
             f"calibrate: {task.name} needs {needed} rows of {task.split} ({num_test} test + {num_calibration} "
-            f"calibration + {reserved} reserved), data has {len(rows)}; lower calibrate.num_test/num_calibration"
+            f"calibration), data has {len(rows)}; lower {lower}"
         )
-    tail = rows[len(rows) - num_calibration - reserved :]
-    samples = task.samples(rows[:num_test] + tail, num_test + num_calibration)
+    samples = task.samples(rows, needed, lower)
     return samples[num_test:], samples[:num_test]
 
 

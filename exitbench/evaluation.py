@@ -3,11 +3,14 @@
 For each (model, task) the greedy baseline runs first; every other method is scored on the same samples
 and compared with it token for token (mismatch rate, first divergence) and in time per token (speed-up
 as LayerSkip defines it: mean time per generated token of greedy / of the method, same model, dtype,
-prompts and process). Per-sample records are appended to ``<out>/<model>/<task>/<method>.jsonl`` (fsynced
-per line), so an interrupted run resumes where it stopped. A record is reused only for the same settings
-(model weights, decoding code, options, budget, dtype) *and* the same sample (prompt token ids, reference,
-data row): other data regenerates exactly the samples that differ. A crash on one sample is recorded, not
-fatal. The summary JSON is written atomically.
+prompts and process). The samples are the task's seeded, stratified draw (:meth:`Task.samples`, ids
+recorded in every summary): greedy and the inexact methods run on all of it (the quality sample), exact
+methods on its first ``timing_samples`` (the timing sample; their quality is greedy's by construction).
+Per-sample records are appended to ``<out>/<model>/<task>/<method>.jsonl`` (fsynced per line), so an
+interrupted run resumes where it stopped. A record is reused only for the same settings (model weights,
+decoding code, options, budget, dtype) *and* the same sample (prompt token ids, reference, data row):
+other data regenerates exactly the samples that differ. A crash on one sample is recorded, not fatal.
+The summary JSON is written atomically.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import hashlib
 import json
 import os
 import traceback
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,15 +29,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from exitbench.config import Config, stage_view
+from exitbench.config import Config, TaskEvalConfig, stage_view
 from exitbench.data.io import atomic_write_json, read_jsonl
-from exitbench.decoding import StopRule, build_method, parse_options
+from exitbench.decoding import StopRule, base_method, build_method, parse_options
 from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
 from exitbench.identity import decoding_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
+from exitbench.stats import mean_interval, ratio_interval, speedup_interval
 from exitbench.subvocab import write_task_draft_vocab
 from exitbench.tasks.base import require_isolation
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
@@ -69,7 +74,7 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
         )
     model = load_early_exit_model(model_dir, cfg.base.dtype, cfg.base.device)
     draft = None
-    if "speculative" in cfg.evaluate.methods:
+    if any(base_method(label) == "speculative" for label in cfg.evaluate.methods):
         draft_dir = models_dir / "draft"
         if not (draft_dir / "config.json").exists():
             raise ExitbenchError(f"evaluate: method 'speculative' needs {draft_dir}; run `dvc repro prepare_model`")
@@ -204,19 +209,23 @@ class TaskBatch:
 
 
 def run_methods(
-    runs: dict[str, tuple[DecodingMethod, RecordFile]], batch: TaskBatch, desc: str
+    runs: dict[str, tuple[DecodingMethod, RecordFile]],
+    batch: TaskBatch,
+    desc: str,
+    limits: Mapping[str, int] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Generate and score every sample a method has not recorded yet, methods interleaved per sample.
 
-    Sample i runs under every method before sample i+1 does, so a slow phase of the machine (another job,
-    thermal throttling) hits all methods alike and the speed-ups, ratios of times taken minutes apart
-    otherwise, compare like with like. Each method warms up once (not recorded) before the first timed
-    sample. Returns each method's records in sample order.
+    Sample i runs under every method that runs on it before sample i+1 does, so a slow phase of the machine
+    (another job, thermal throttling) hits all methods alike and the speed-ups, ratios of times taken
+    minutes apart otherwise, compare like with like. Each method warms up once (not recorded) before the
+    first timed sample. ``limits[name]`` (default: every sample) runs that method on the first samples only.
+    Returns each method's records in sample order.
     """
     keys = batch.sample_keys
+    limit = {name: min((limits or {}).get(name, len(keys)), len(keys)) for name in runs}
     todo = {
-        name: {i for i in range(len(batch.samples)) if records.get(keys[i]) is None}
-        for name, (_, records) in runs.items()
+        name: {i for i in range(limit[name]) if records.get(keys[i]) is None} for name, (_, records) in runs.items()
     }
     for name, (method, _) in runs.items():
         if todo[name]:
@@ -230,7 +239,7 @@ def run_methods(
                     bar.update()
     done: dict[str, list[dict[str, Any]]] = {}
     for name, (_, records) in runs.items():
-        found = [records.get(key) for key in keys]
+        found = [records.get(key) for key in keys[: limit[name]]]
         assert all(record is not None for record in found)
         # a record reused from another position (the sample moved in the file) takes its index here
         done[name] = [{**record, "index": i} for i, record in enumerate(found) if record is not None]
@@ -259,14 +268,43 @@ def _one_sample(method: DecodingMethod, batch: TaskBatch, index: int) -> dict[st
     return record
 
 
+def sample_limits(methods: Mapping[str, DecodingMethod], num_samples: int, timing_samples: int) -> dict[str, int]:
+    """How many samples (a prefix of the quality sample) each method runs on: greedy and every inexact
+    method the whole quality sample; an exact method, whose outputs equal greedy's by construction, only
+    the first ``timing_samples`` (0 = all), enough to time it and to check that exactness."""
+    timing = min(timing_samples or num_samples, num_samples)
+    return {name: timing if method.exact and name != BASELINE else num_samples for name, method in methods.items()}
+
+
+def sample_info(task: Task, samples: Sequence[Sample]) -> dict[str, Any]:
+    """How the samples run were drawn: seed, strategy, count and count per stratum."""
+    strata = Counter(task.stratum(sample.row) for sample in samples)
+    return {
+        "seed": task.settings.seed,
+        "strategy": task.sample_strategy(),
+        "num_samples": len(samples),
+        "strata": dict(sorted(strata.items())),
+    }
+
+
 def summarize(
     task: Task,
     method: DecodingMethod,
     samples: list[Sample],
     records: list[dict[str, Any]],
     greedy: list[dict[str, Any]] | None,
+    *,
+    is_baseline: bool = False,
 ) -> dict[str, Any]:
-    """Quality, speed and exactness of one (model, task, method) from its per-sample records."""
+    """Quality, speed and exactness of one (model, task, method) from its per-sample records.
+
+    ``samples`` is the quality sample and ``greedy`` the baseline's records of it; ``records`` may cover a
+    prefix of it only (an exact method's timing sample): speed-up and mismatches compare it with greedy's
+    records of the same samples. An exact method other than the baseline (``is_baseline``) reports greedy's
+    quality on the whole quality sample (``quality_from`` says so) and its own as ``quality_measured``.
+    """
+    quality_sample, samples = samples, samples[: len(records)]
+    full_greedy, greedy = greedy, greedy[: len(records)] if greedy is not None else None
     ok = [(s, r) for s, r in zip(samples, records, strict=True) if r.get("error") is None]
     quality = task.aggregate([s for s, _ in ok], [r["scores"] for _, r in ok])
     tokens = sum(r["decode"]["num_tokens"] for _, r in ok)
@@ -291,14 +329,79 @@ def summarize(
         if g_tokens and tokens:
             speed["speedup_vs_greedy"] = (g_seconds / g_tokens) / (seconds / tokens)
         correctness.update(_compare(records, greedy))
-    return {
+    summary = {
         "num_samples": len(samples),
         "num_failed": len(samples) - len(ok),
         "quality": quality,
         "speed": speed,
         "correctness": correctness,
         "errors": [r["error"] for r in records if r.get("error")][:5],
+        "sample_ids": [s.sample_id for s in samples],
+        "sample": sample_info(task, samples),
     }
+    scored = list(zip(samples, records, strict=True))
+    if method.exact and not is_baseline and full_greedy is not None:
+        summary.update(
+            quality=greedy_quality(task, quality_sample, full_greedy),
+            quality_measured=quality,
+            quality_from=f"{BASELINE} (exact method; measured on the timing sample of {len(samples)})",
+            num_quality_samples=len(quality_sample),
+        )
+        scored = list(zip(quality_sample, full_greedy, strict=True))
+    summary["intervals"] = intervals(task, scored, records, greedy)
+    return summary
+
+
+def intervals(
+    task: Task,
+    scored: Sequence[tuple[Sample, dict[str, Any]]],
+    records: Sequence[dict[str, Any]],
+    greedy: Sequence[dict[str, Any]] | None,
+) -> dict[str, dict[str, Any]]:
+    """95% bootstrap intervals (:mod:`exitbench.stats`, resampling samples) of every number a summary reports.
+
+    Quality metrics over ``scored`` (the (sample, record) pairs the reported quality comes from; TOPv2's
+    per-domain exact match as ``per_domain/<domain>``); speed-up paired per sample with greedy's record of
+    the same sample; acceptance = accepted / drafted over samples; mismatch rate over compared samples.
+    """
+    seed = task.settings.seed
+    out: dict[str, dict[str, Any]] = {}
+    ok = [(sample, record) for sample, record in scored if record.get("error") is None]
+    metrics = sorted({key for _, record in ok for key, value in record["scores"].items() if _is_number(value)})
+    for metric in metrics:
+        out[metric] = mean_interval([float(r["scores"].get(metric, 0.0)) for _, r in ok], seed).to_dict()
+    if task.primary_metric in metrics and len({task.stratum(sample.row) for sample, _ in ok}) > 1:
+        by_stratum: dict[str, list[float]] = {}
+        for sample, record in ok:
+            by_stratum.setdefault(task.stratum(sample.row), []).append(float(record["scores"][task.primary_metric]))
+        for stratum, values in sorted(by_stratum.items()):
+            out[f"per_domain/{stratum}"] = mean_interval(values, seed).to_dict()
+    mine = [r for r in records if r.get("error") is None]
+    drafted = [(r["decode"]["num_accepted"], r["decode"]["num_drafted"]) for r in mine]
+    if sum(d for _, d in drafted):
+        out["acceptance_rate"] = ratio_interval([a for a, _ in drafted], [d for _, d in drafted], seed).to_dict()
+    if greedy is not None:
+        pairs = [(r, g) for r, g in zip(records, greedy, strict=True) if r.get("error") is None is g.get("error")]
+        timed = [(r["decode"], g["decode"]) for r, g in pairs if r["decode"]["num_tokens"] * g["decode"]["num_tokens"]]
+        if timed:
+            out["speedup_vs_greedy"] = speedup_interval(
+                [g["wall_time_s"] for _, g in timed], [g["num_tokens"] for _, g in timed],
+                [m["wall_time_s"] for m, _ in timed], [m["num_tokens"] for m, _ in timed], seed,
+            ).to_dict()
+        if pairs:
+            mismatched = [float(first_divergence(r["tokens"], g["tokens"]) is not None) for r, g in pairs]
+            out["mismatch_rate"] = mean_interval(mismatched, seed).to_dict()
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def greedy_quality(task: Task, samples: Sequence[Sample], greedy: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The baseline's quality on ``samples`` (its failed samples left out), what an exact method's is."""
+    kept = [(s, g) for s, g in zip(samples, greedy, strict=True) if g.get("error") is None]
+    return task.aggregate([s for s, _ in kept], [g["scores"] for _, g in kept])
 
 
 def _compare(records: list[dict[str, Any]], greedy: list[dict[str, Any]]) -> dict[str, Any]:
@@ -327,11 +430,18 @@ def draft_vocab_for(
     return write_task_draft_vocab(task, data_dir, ctx.tokenizer, size, stop.eos_token_ids, target)
 
 
+def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
+    """How many samples exact methods run on: ``timing_samples`` capped at ``num_samples`` (0 = all), so a
+    profile that shrinks the quality sample (smoke) needs no second override."""
+    return min(task_cfg.timing_samples or task_cfg.num_samples, task_cfg.num_samples)
+
+
 def evaluate_model_task(
     cfg: Config, ctx: EvalContext, task_name: str, data_dir: Path, out_dir: Path
 ) -> dict[str, dict[str, Any]]:
     """All methods on one (model, task); writes ``<out>/<model>/<task>/<method>.{jsonl,json}``."""
     task_cfg = cfg.evaluate.tasks[task_name]
+    timing_samples = timing_sample_size(task_cfg)
     task = build_task(task_name, TaskSettings(cfg.base.seed, cfg.evaluate.sandbox_timeout_s))
     samples = load_samples(task, data_dir, task_cfg.num_samples)
     prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, cfg.evaluate.chat_template) for s in samples]
@@ -343,7 +453,7 @@ def evaluate_model_task(
     options_of: dict[str, dict[str, Any]] = {}
     for name in methods:
         options = cfg.evaluate.methods.get(name, {})
-        if name == SUBVOCAB_METHOD and draft_vocab is not None:
+        if base_method(name) == SUBVOCAB_METHOD and draft_vocab is not None:
             options = {**options, "draft_vocab_file": str(draft_vocab)}
         settings = {
             "model": ctx.model_key,
@@ -363,11 +473,13 @@ def evaluate_model_task(
         method = build_method(name, ctx.model, options, draft_model=ctx.draft)
         runs[name] = (method, RecordFile(target / f"{name}.jsonl", key))
         options_of[name] = options
-    done = run_methods(runs, batch, f"{ctx.name}/{task_name}")
+    limits = sample_limits({name: method for name, (method, _) in runs.items()}, len(samples), timing_samples)
+    done = run_methods(runs, batch, f"{ctx.name}/{task_name}", limits)
     summaries: dict[str, dict[str, Any]] = {}
     for name, (method, _) in runs.items():
-        summary = summarize(task, method, samples, done[name], done[BASELINE])
-        summary.update(task=task_name, method=name, model=ctx.name, options=options_of[name], dtype=cfg.base.dtype)
+        summary = summarize(task, method, samples, done[name], done[BASELINE], is_baseline=name == BASELINE)
+        summary.update(task=task_name, method=name, base_method=base_method(name), model=ctx.name)
+        summary.update(options=options_of[name], dtype=cfg.base.dtype)
         summary["model_info"] = ctx.model_info
         summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
         summary["provenance"]["num_parameters"] = ctx.model_info["num_parameters"]

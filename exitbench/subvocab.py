@@ -32,6 +32,14 @@ def task_train_path(task: Task, data_dir: str | Path) -> Path:
     return Path(data_dir) / task.name / "train.jsonl"
 
 
+def load_missing_context(task: Task, data_dir: str | Path) -> None:
+    """Give ``task`` the rows of its context splits (few-shot examples) it has not received yet, where present."""
+    paths = {split: Path(data_dir) / task.name / f"{split}.jsonl" for split in task.context_splits}
+    missing = {split: path for split, path in paths.items() if split not in task.context and path.exists()}
+    if missing:
+        task.set_context({**task.context, **{split: list(read_jsonl(path)) for split, path in missing.items()}})
+
+
 def write_task_draft_vocab(
     task: Task, data_dir: str | Path, tokenizer: Any, size: int, always: Iterable[int], target: str | Path
 ) -> Path | None:
@@ -42,6 +50,8 @@ def write_task_draft_vocab(
     if not path.exists():
         return None
     rows = list(read_jsonl(path))[:MAX_VOCAB_ROWS]
+    load_missing_context(task, data_dir)
+    # every row counted (a draw of all rows only reorders them, which leaves the counts as they are)
     texts = [sample.prompt + sample.reference for sample in task.samples(rows, len(rows))]
     ids = frequent_token_ids((tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts), size, always)
     return atomic_write_text(Path(target), json.dumps(ids) + "\n")

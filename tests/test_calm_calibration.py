@@ -306,18 +306,19 @@ def cnndm_rows(n: int) -> list[dict]:
 def test_calibration_and_test_rows_are_disjoint():
     topv2 = build_task("topv2")
     cal, test = calibration_samples(topv2, {"eval": topv2_rows(5, "eval"), "test": topv2_rows(5, "test")}, 3, 2)
-    assert [s.prompt for s in cal] == ["eval 0\n", "eval 1\n", "eval 2\n"]
-    assert [s.prompt for s in test] == ["test 0\n", "test 1\n"]
+    assert len(cal) == 3 and all(s.prompt.startswith("eval ") for s in cal)
+    assert [s.prompt for s in test] == [s.prompt for s in build_task("topv2").samples(topv2_rows(5, "test"), 2)]
 
     cnndm = build_task("cnndm")
     rows = cnndm_rows(40)
-    cal, test = calibration_samples(cnndm, {"test": rows}, 4, 3)
-    assert [s.sample_id for s in test] == ["r0", "r1", "r2"]  # evaluate's first rows, same prompts
-    assert [s.sample_id for s in cal] == ["r16", "r17", "r18", "r19"]  # just before the 20-row one-shot pool
-    evaluated = build_task("cnndm").samples(rows, 3)
-    assert [s.prompt for s in evaluated] == [s.prompt for s in test]
-    with pytest.raises(ExitbenchError, match="needs 30 rows of test"):
-        calibration_samples(build_task("cnndm"), {"test": cnndm_rows(29)}, 5, 5)
+    shots = [{"id": f"s{i}", "article": f"shot {i}", "highlights": f"s {i}"} for i in range(20)]
+    cal, test = calibration_samples(cnndm, {"test": rows, "shots": shots}, 4, 3)
+    evaluated = build_task("cnndm")
+    evaluated.set_context({"shots": shots})
+    assert [s.prompt for s in evaluated.samples(rows, 3)] == [s.prompt for s in test]  # evaluate's first rows
+    assert len(cal) == 4 and not {s.sample_id for s in cal} & {s.sample_id for s in test}
+    with pytest.raises(ExitbenchError, match="needs 10 rows of test"):
+        calibration_samples(build_task("cnndm"), {"test": cnndm_rows(9), "shots": shots}, 5, 5)
 
 
 def test_missing_model_names_the_stage_that_makes_it(tmp_path):

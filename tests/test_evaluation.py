@@ -166,12 +166,14 @@ def test_registered_tasks_build_prompts(name):
         ],
         "topv2": [{"domain": "alarm", "utterance": "wake me at 7", "semantic_parse": "[IN:CREATE_ALARM ]"}],
     }[name]
-    task.set_context({"prompt": [dict(rows[0], task_id=2)]} if name == "mbpp" else {})
+    shots = [{"id": f"s{i}", "article": f"Shot {i}.", "highlights": f"s{i}"} for i in range(3)]
+    task.set_context({"mbpp": {"prompt": [dict(rows[0], task_id=2)]}, "cnndm": {"shots": shots}}.get(name, {}))
     samples = task.samples(rows, 1)
     assert samples[0].prompt
     if name == "cnndm":
-        assert samples[0].prompt.endswith("Article: Article 0.\nSummary:")
-        assert "Article 0." not in samples[0].prompt.split("\n\n")[0]  # the one-shot example is another article
+        article = samples[0].row["article"]
+        assert samples[0].prompt.endswith(f"Article: {article}\nSummary:")
+        assert samples[0].prompt.startswith("Article: Shot ")  # the one-shot example comes from the shots split
     if name == "humaneval":
         assert task.score(samples[0], "    return 1\n")["pass@1"] == 1.0
         assert task.score(samples[0], "    return 2\n")["pass@1"] == 0.0

@@ -7,6 +7,7 @@ from exitbench.decoding.base import (
     DecodeResult,
     DecodingMethod,
     StopRule,
+    base_method,
     build_method,
     method_class,
     parse_options,
@@ -14,6 +15,6 @@ from exitbench.decoding.base import (
 )
 
 __all__ = [
-    "REGISTRY", "DecodeResult", "DecodingMethod", "StopRule", "build_method", "method_class", "parse_options",
-    "register",
+    "REGISTRY", "DecodeResult", "DecodingMethod", "StopRule", "base_method", "build_method", "method_class",
+    "parse_options", "register",
 ]

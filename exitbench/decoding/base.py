@@ -149,10 +149,18 @@ def register(cls: type[DecodingMethod]) -> type[DecodingMethod]:
     return cls
 
 
+def base_method(label: str) -> str:
+    """The registered method an ``evaluate.methods`` label names: ``early_exit@8`` -> ``early_exit`` (a label
+    ``<method>@<anything>`` runs one method several times with different options)."""
+    return label.split("@", 1)[0]
+
+
 def method_class(name: str) -> type[DecodingMethod]:
-    if name not in REGISTRY:
+    """The registered class of a method name or label (see :func:`base_method`)."""
+    base = base_method(name)
+    if base not in REGISTRY:
         raise ExitbenchError(f"unknown decoding method '{name}'; registered: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]
+    return REGISTRY[base]
 
 
 def parse_options(name: str, options: dict[str, Any] | None) -> MethodOptions:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from exitbench.errors import ExitbenchError
+from exitbench.tasks.sampling import ONE_STRATUM, content_id, stratified_sample
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Task:
     version: ClassVar[int] = 1  # bump when prompts or scoring change
     context_splits: ClassVar[tuple[str, ...]] = ()  # other splits the prompts draw on (few-shot examples)
     runs_generated_code: ClassVar[bool] = False  # scoring executes the model's output (in the sandbox)
+    id_field: ClassVar[str] = "id"  # the row field holding its stable id (sample ids are never indices)
+    stratum_field: ClassVar[str] = ""  # the row field the sample is stratified by ("" = one stratum)
 
     def __init__(self, settings: TaskSettings | None = None) -> None:
         self.settings = settings or TaskSettings()
@@ -50,16 +53,34 @@ class Task:
         """Receive the rows of ``context_splits`` (few-shot examples) before :meth:`samples`."""
         self.context = rows_by_split
 
-    def samples(self, rows: Sequence[dict[str, Any]], num_samples: int) -> list[Sample]:
-        """The first ``num_samples`` rows in file order, as prompts."""
-        if num_samples > len(rows):
-            raise ExitbenchError(
-                f"{self.name}: {num_samples} samples requested but data/{self.name}/{self.split}.jsonl has "
-                f"{len(rows)} rows; lower evaluate.tasks.{self.name}.num_samples"
-            )
-        return [self.make_sample(index, row) for index, row in enumerate(rows[:num_samples])]
+    def row_id(self, row: dict[str, Any]) -> str:
+        """A row's stable id: its ``id_field`` as text, else a hash of its content (never its position)."""
+        value = row.get(self.id_field)
+        return content_id(row) if value is None or isinstance(value, bool) else str(value)
+
+    def stratum(self, row: dict[str, Any]) -> str:
+        """The stratum of a row in the sample draw (:data:`stratum_field`'s value; one stratum by default)."""
+        return str(row.get(self.stratum_field, "?")) if self.stratum_field else ONE_STRATUM
+
+    def sample_strategy(self) -> str:
+        """How :meth:`samples` draws, as written into every summary."""
+        return f"stratified by {self.stratum_field}" if self.stratum_field else "seeded"
+
+    def samples(self, rows: Sequence[dict[str, Any]], num_samples: int, lower: str = "") -> list[Sample]:
+        """A seeded draw of ``num_samples`` rows, stratified by :meth:`stratum`, as prompts.
+
+        The draw (:func:`exitbench.tasks.sampling.stratified_sample`) depends only on the rows' ids and
+        ``settings.seed``, and is prefix-stable: ``samples(rows, k)`` is ``samples(rows, n)[:k]``. ``lower``
+        names the setting to lower in the error when there are too few rows (default: evaluate's).
+        """
+        lower = lower or f"evaluate.tasks.{self.name}.num_samples"
+        drawn = stratified_sample(
+            rows, num_samples, self.settings.seed, self.row_id, self.stratum, what=self.name, lower=lower
+        )
+        return [self.make_sample(index, row) for index, row in enumerate(drawn)]
 
     def make_sample(self, index: int, row: dict[str, Any]) -> Sample:
+        """The prompt of ``row``, the ``index``-th of the draw; its ``sample_id`` is :meth:`row_id`."""
         raise NotImplementedError
 
     def postprocess(self, text: str) -> str:

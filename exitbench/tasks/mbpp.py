@@ -2,7 +2,8 @@
 
 Protocol (MBPP paper §2): the problem text and its three test asserts in the prompt, three solved
 examples (task ids 2-4 of the ``prompt`` split) before it, the solution between ``[BEGIN]`` and
-``[DONE]``; pass@1 by running the asserts.
+``[DONE]``; pass@1 by running the asserts. The evaluated rows are a seeded draw from ``test`` (task ids
+11..510); ``train`` (511..974) is for training and the draft sub-vocabulary only.
 """
 
 from __future__ import annotations
@@ -33,16 +34,21 @@ class Mbpp(Task):
     runs_generated_code = True
     context_splits = ("prompt",)
     few_shot_ids = (2, 3, 4)
+    id_field = "task_id"
+    version = 2  # 2: a seeded sample of test (1: its first N rows)
 
-    def samples(self, rows: Sequence[dict[str, Any]], num_samples: int) -> list[Sample]:
-        shots = [r for r in self.context.get("prompt", []) if r.get("task_id") in self.few_shot_ids]
+    def samples(self, rows: Sequence[dict[str, Any]], num_samples: int, lower: str = "") -> list[Sample]:
+        shots = sorted(
+            (r for r in self.context.get("prompt", []) if r.get("task_id") in self.few_shot_ids),
+            key=lambda r: r["task_id"],
+        )
         self._prefix = "".join(format_problem(r, r["code"]) for r in shots)
-        return super().samples(rows, num_samples)
+        return super().samples(rows, num_samples, lower)
 
     def make_sample(self, index: int, row: dict[str, Any]) -> Sample:
         require(row, "text", self.name)
         require(row, "test_list", self.name, list)
-        return Sample(str(row.get("task_id", index)), self._prefix + format_problem(row), row.get("code", ""), row)
+        return Sample(self.row_id(row), self._prefix + format_problem(row), row.get("code", ""), row)
 
     def score(self, sample: Sample, completion: str) -> dict[str, float]:
         row = sample.row

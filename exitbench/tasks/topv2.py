@@ -35,16 +35,19 @@ class TopV2(Task):
 
     Protocol (LayerSkip §5, Table 6): the model is finetuned on TOPv2 train with the same prompt format
     (:func:`build_prompt`, used by the trainer too) and generates one parse per utterance; stop at the
-    newline or EOS.
+    newline or EOS. The sample is stratified by domain (equal counts per domain, see
+    :mod:`exitbench.tasks.sampling`); a row's id is ``<domain>-<split>-<n>`` (written by ``prepare_data``).
     """
 
     name = "topv2"
     split = "test"
     stop_strings = ("\n",)
     primary_metric = "exact_match"
+    stratum_field = "domain"
+    version = 2  # 2: seeded sample stratified by domain, ids from the rows (1: the first N rows, index ids)
 
     def make_sample(self, index: int, row: dict) -> Sample:
-        return Sample(str(index), build_prompt(row), build_target(row), row)
+        return Sample(self.row_id(row), build_prompt(row), build_target(row), row)
 
     def score(self, sample: Sample, completion: str) -> dict[str, float]:
         return {"exact_match": float(exact_match(completion.strip(), sample.reference))}
