@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from exitbench.errors import ExitbenchError
 
@@ -64,11 +64,27 @@ class DataConfig(Section):
         "alarm", "event", "messaging", "music", "navigation", "reminder", "timer", "weather",
     ]
     max_rows_per_split: int = Field(0, ge=0, description="0 = keep every row")
+    cnndm_shots: int = Field(20, ge=1, description="CNN/DM articles set aside as the one-shot example pool")
+    cnndm_train: int = Field(200, ge=0, description="CNN/DM articles set aside for the news training corpus")
+    code_wheels: list[str] = Field(
+        ["toolz==1.1.0", "more-itertools==10.8.0", "boltons==26.2.0", "networkx==3.6.1"],
+        description="pinned pure-Python wheels (name==version) whose source joins MBPP's non-test problems in the "
+        "code training corpus; fetched with pip download --no-deps, never installed",
+    )
 
 
 class TrainVariant(Section):
-    recipe: Literal["layerskip", "calm"] = "layerskip"
-    corpus: list[Literal["topv2", "stdlib_code", "docs_text"]] = ["topv2"]
+    recipe: Literal["layerskip", "calm", "plain"] = Field(
+        "layerskip", description="plain = the control: last-layer loss only, no layer dropout (p_max must be 0)"
+    )
+    corpus: dict[Literal["topv2", "news", "code", "stdlib_code", "docs_text"], float] = Field(
+        {"topv2": 1.0}, description="training corpora and their mixture weights (exitbench.training.corpora)"
+    )
+    control_of: str | None = Field(
+        None,
+        description="the variant this one is the control of: every setting must equal that variant's except the "
+        "recipe, layer dropout (p_max, dropout_schedule), e_scale and checkpoint_every",
+    )
     steps: int = Field(300, ge=1)
     batch_size: int = Field(32, ge=1)
     grad_accum: int = Field(1, ge=1)
@@ -89,20 +105,60 @@ class TrainVariant(Section):
         "trains every weight, a CPU budget may not: the head's weight gradient is ~8% of a step here",
     )
     checkpoint_every: int = Field(25, ge=1)
-    max_examples: int = Field(0, ge=0, description="0 = all examples of the corpus")
+    max_examples: int = Field(0, ge=0, description="examples in the mixture; 0 = steps x global batch (one pass)")
     distributed: Literal["none", "ddp", "fsdp"] = "none"
     timing_steps: int = Field(
         3, ge=0, description="timed forward+backward steps, plain vs early-exit, for the report's ratio; 0 = skip"
     )
 
 
+# What a control may differ in from the variant it controls (the method itself, and bookkeeping).
+CONTROL_MAY_DIFFER = frozenset({"recipe", "p_max", "dropout_schedule", "e_scale", "checkpoint_every", "control_of"})
+
+
 class TrainConfig(Section):
     variants: dict[str, TrainVariant] = {"layerskip": TrainVariant()}
+
+    @model_validator(mode="after")
+    def _plain_has_no_dropout(self) -> TrainConfig:
+        for name, variant in self.variants.items():
+            if variant.recipe == "plain" and variant.p_max > 0:
+                raise ValueError(f"variants.{name}: recipe plain trains without layer dropout; set p_max: 0")
+        return self
+
+
+def check_controls(cfg: Config, where: str) -> None:
+    """A variant's ``control_of`` names another variant, and the two differ only where a control may
+    (:data:`CONTROL_MAY_DIFFER`): same data, steps, batch, optimizer, schedule and seed."""
+    variants = cfg.train.variants
+    for name, variant in variants.items():
+        if variant.control_of is None:
+            continue
+        other = variants.get(variant.control_of)
+        if other is None:
+            raise ExitbenchError(
+                f"{where}: train.variants.{name}.control_of: no variant '{variant.control_of}'; "
+                f"name one of {', '.join(sorted(variants))}"
+            )
+        mine, theirs = variant.model_dump(), other.model_dump()
+        differ = sorted(key for key in mine if key not in CONTROL_MAY_DIFFER and mine[key] != theirs[key])
+        if differ:
+            shown = ", ".join(f"{key} {mine[key]!r} vs {theirs[key]!r}" for key in differ[:3])
+            raise ExitbenchError(
+                f"{where}: train.variants.{name} is the control of {variant.control_of} but differs in {shown}; "
+                "make them equal (a control differs only in the method)"
+            )
 
 
 class TaskEvalConfig(Section):
     num_samples: int = Field(10, ge=1)
     max_new_tokens: int = Field(64, ge=1)
+    timing_samples: int = Field(
+        0,
+        ge=0,
+        description="exact methods (those whose outputs equal greedy's by construction) run on the first N of the "
+        "quality sample (at most num_samples), 0 = all",
+    )
 
 
 class EvaluateConfig(Section):
@@ -354,6 +410,7 @@ def check_references(
     ``evaluate.methods`` entry. The registries are passed in, so this module imports neither.
     """
     where = f"{source} (profile '{cfg.profile}')"
+    check_controls(cfg, where)
     models = ["base", *sorted(cfg.train.variants)]
     for key in ("evaluate.models", "probe.models", "bench.models", "calibrate.models"):
         _check_known(where, key, "model", _get(cfg, key), models, "allowed (base or a train.variants key)")
@@ -367,8 +424,9 @@ def check_references(
                     f"{where}: {key}: task '{name}' is not in data.tasks ({', '.join(cfg.data.tasks)}); "
                     "add it there so prepare_data makes its data"
                 )
-    for key in ("evaluate.methods", "bench.peers"):
-        _check_known(where, key, "method", list(_get(cfg, key)), sorted(methods), "registered")
+    for key in ("evaluate.methods", "bench.peers"):  # a label <method>@<name> runs <method> with other options
+        names = [name.split("@", 1)[0] for name in _get(cfg, key)]
+        _check_known(where, key, "method", names, sorted(methods), "registered")
     for name, options in cfg.evaluate.methods.items():
         try:
             parse_options(name, options)

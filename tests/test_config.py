@@ -20,7 +20,7 @@ def test_repository_params_resolve_for_every_profile():
     for profile in config.PROFILES:
         cfg = config.load(REPO / "params.yaml", profile=profile)
         assert cfg.profile == profile
-        assert set(cfg.train.variants) == {"layerskip", "calm"}
+        assert set(cfg.train.variants) == {"plain", "layerskip", "calm"}
 
 
 def test_profile_overrides_merge_into_defaults():
@@ -150,7 +150,7 @@ def test_load_stage_roundtrip(tmp_path):
     [
         ("  seed: 1234", "  sed: 1234", "unknown key 'base.sed'"),
         ("\ncheck:\n", "\nchecks: {}\ncheck:\n", "unknown key 'checks'; allowed keys here: base, bench"),
-        ("  models: [base, layerskip, calm]\n  tasks:", "  models: [base, layerskip, clam]\n  tasks:",
+        ("evaluate:\n  models: [base, plain, layerskip, calm]", "evaluate:\n  models: [base, plain, layerskip, clam]",
          "evaluate.models: unknown model 'clam'"),
     ],
 )

@@ -84,12 +84,14 @@ def mirror(tmp_path: Path) -> Path:
 
 def test_prepare_all_formats(mirror: Path, tmp_path: Path) -> None:
     out = tmp_path / "data"
-    manifest = prepare_data(DataConfig(topv2_domains=["weather", "alarm"]), out, mirror)
+    manifest = prepare_data(DataConfig(topv2_domains=["weather", "alarm"], code_wheels=[]), out, mirror)
 
-    cnndm = read_jsonl(out / "cnndm" / "test.jsonl")
-    assert [row["id"] for row in cnndm] == ["id0", "id1", "id2"]
+    roles = {role: read_jsonl(out / "cnndm" / f"{role}.jsonl") for role in ("shots", "train", "test")}
+    assert sorted(row["id"] for rows in roles.values() for row in rows) == ["id0", "id1", "id2"]  # one role each
+    assert [len(rows) for rows in roles.values()] == [1, 1, 1]  # a small mirror keeps half for test
+    cnndm = roles["test"]
     assert list(cnndm[0]) == ["id", "article", "highlights"]
-    assert cnndm[0]["highlights"] == "First 0.\nSecond 0."
+    assert cnndm[0]["highlights"].endswith(".\nSecond " + cnndm[0]["id"][2:] + ".")
 
     humaneval = read_jsonl(out / "humaneval" / "test.jsonl")
     assert [row["task_id"] for row in humaneval] == ["HumanEval/0", "HumanEval/1"]
@@ -103,13 +105,17 @@ def test_prepare_all_formats(mirror: Path, tmp_path: Path) -> None:
 
     train = read_jsonl(out / "topv2" / "train.jsonl")
     assert [row["domain"] for row in train] == ["weather"] * 3 + ["alarm"] * 3  # config order, then file order
-    assert list(train[0]) == ["domain", "utterance", "semantic_parse"]
+    assert list(train[0]) == ["id", "domain", "utterance", "semantic_parse"]
+    ids = [row["id"] for row in train]
+    assert ids[:4] == ["weather-train-1", "weather-train-2", "weather-train-3", "alarm-train-1"]
+    assert [row["id"] for row in train][4:] == ["alarm-train-4", "alarm-train-5"]  # line numbers: malformed skipped
     assert len(read_jsonl(out / "topv2" / "eval.jsonl")) == 4
 
     tasks = manifest["tasks"]
     assert manifest["mirror"] == str(mirror.resolve())
     assert {task: {split: entry["rows"] for split, entry in splits.items()} for task, splits in tasks.items()} == {
-        "cnndm": {"test": 3}, "humaneval": {"test": 2}, "mbpp": {"test": 2, "prompt": 3},
+        "cnndm": {"shots": 1, "train": 1, "test": 1}, "humaneval": {"test": 2},
+        "mbpp": {"test": 2, "prompt": 3, "train": 1},
         "topv2": {"train": 6, "eval": 4, "test": 4},
     }
     assert tasks["cnndm"]["test"]["malformed"] == 3
@@ -124,10 +130,13 @@ def test_prepare_all_formats(mirror: Path, tmp_path: Path) -> None:
         str(mirror.resolve() / "topv2" / "weather_train.tsv"), str(mirror.resolve() / "topv2" / "alarm_train.tsv"),
     ]
     assert json.loads((out / "manifest.json").read_text()) == manifest
+    code = manifest["corpora"]["code"]
+    assert code["excluded_overlaps"] == ["mbpp/700"]  # its code is a test problem's: left out of the corpus
+    assert code["documents"] == 0 and code["sha256"] == sha256_file(out / "code" / "train.jsonl")
 
 
 def test_malformed_rows_reported_with_line_numbers(mirror: Path, tmp_path: Path) -> None:
-    tasks = prepare_data(DataConfig(topv2_domains=DOMAINS), tmp_path / "data", mirror)["tasks"]
+    tasks = prepare_data(DataConfig(topv2_domains=DOMAINS, code_wheels=[]), tmp_path / "data", mirror)["tasks"]
     cnndm = tasks["cnndm"]["test"]["malformed_examples"]
     assert cnndm[0].startswith("line 2: not valid JSON")
     assert cnndm[1] == "line 5: missing key(s) 'highlights'"
@@ -141,10 +150,10 @@ def test_malformed_rows_reported_with_line_numbers(mirror: Path, tmp_path: Path)
 
 def test_max_rows_per_split(mirror: Path, tmp_path: Path) -> None:
     out = tmp_path / "data"
-    tasks = prepare_data(DataConfig(max_rows_per_split=2, topv2_domains=DOMAINS), out, mirror)["tasks"]
+    tasks = prepare_data(DataConfig(max_rows_per_split=2, topv2_domains=DOMAINS, code_wheels=[]), out, mirror)["tasks"]
     assert [row["task_id"] for row in read_jsonl(out / "mbpp" / "prompt.jsonl")] == [1, 2]
     assert tasks["mbpp"]["prompt"]["rows_over_cap"] == 1
-    assert [row["domain"] for row in read_jsonl(out / "topv2" / "train.jsonl")] == ["alarm", "alarm"]
+    assert [row["domain"] for row in read_jsonl(out / "topv2" / "train.jsonl")] == ["alarm", "weather"]  # per domain
     assert tasks["topv2"]["train"]["malformed"] == 2  # rows past the cap are still validated
     assert all(entry["rows"] <= 2 for splits in tasks.values() for entry in splits.values())
 
@@ -188,15 +197,16 @@ def test_hub_is_used_when_available(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     def load_dataset(path: str, name: str | None = None, split: str | None = None) -> list[dict]:
         calls.append((path, name, split))
-        return [_mbpp(i) for i in ((1, 2) if split == "prompt" else (11, 12, 13))]
+        ids = {"prompt": (1, 2), "test": (11, 12, 13), "validation": (511,), "train": (601,)}[split]
+        return [_mbpp(i) for i in ids]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     manifest = prepare_data(DataConfig(tasks=["mbpp"]), tmp_path / "data", None)
-    assert calls == [("mbpp", None, "prompt"), ("mbpp", None, "test")]
+    assert calls == [("mbpp", None, split) for split in ("prompt", "test", "validation", "train")]
     assert manifest["mirror"] is None
     assert manifest["tasks"]["mbpp"]["test"]["rows"] == 3
     assert manifest["tasks"]["mbpp"]["test"]["source"] == {
-        "kind": "hub", "id": "mbpp", "config": None, "splits": ["prompt", "test"],
+        "kind": "hub", "id": "mbpp", "config": None, "splits": ["prompt", "test", "validation", "train"],
     }
 
 
@@ -262,7 +272,7 @@ def test_configured_domain_with_no_rows_in_a_split_is_an_error(mirror: Path, tmp
 
 def test_split_with_no_valid_rows_is_an_error(mirror: Path, tmp_path: Path) -> None:
     _write_lines(mirror / "cnndm" / "test_subset.jsonl", ["[1, 2]", "oops"])
-    expected = r"^cnndm/test: no valid rows in .* \(2 malformed, e.g. line 1: not a JSON object"
+    expected = r"^cnndm: 0 valid articles \(2 malformed, e.g. line 1: not a JSON object"
     with pytest.raises(ExitbenchError, match=expected):
         prepare_data(DataConfig(tasks=["cnndm"]), tmp_path / "data", mirror)
 
@@ -329,9 +339,11 @@ def test_cli_bad_mirror_exits_2_with_one_line(tmp_path: Path, case: str) -> None
 
 
 def test_cli_success(mirror: Path, tmp_path: Path) -> None:
-    result = _run_cli(tmp_path, _stage_config(tmp_path, topv2_domains=DOMAINS), mirror)
+    result = _run_cli(tmp_path, _stage_config(tmp_path, topv2_domains=DOMAINS, code_wheels=[]), mirror)
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
-    assert out[0].startswith("cnndm/test: 3 rows, 3 malformed (mirror); first: line 2: not valid JSON (")
-    assert len(out) == 8 and out[-1].startswith("prepare_data: done in")
+    assert out[0] == "cnndm/shots: 1 rows, 0 malformed (mirror)"
+    assert out[2].startswith("cnndm/test: 1 rows, 3 malformed (mirror); first: line 2: not valid JSON (")
+    assert out[-2].startswith("code corpus: 0 documents (0 MBPP training problems; wheels none; 1 left out")
+    assert len(out) == 12 and out[-1].startswith("prepare_data: done in")
     assert (tmp_path / "out" / "manifest.json").exists()

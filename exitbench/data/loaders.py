@@ -2,19 +2,25 @@
 
 Output, one JSON object per line, keys in this order, rows in source order:
 
-``cnndm/test.jsonl``
+``cnndm/{test,shots,train}.jsonl``
     ``{"id": str, "article": str, "highlights": str}``; ``highlights`` holds the reference summary
-    sentences separated by ``"\\n"``. Only the test split exists offline (mirror: ``cnndm/test_subset.jsonl``,
-    whose extra keys ``url``, ``source``, ``article_from`` are dropped).
+    sentences separated by ``"\\n"``. Only the official test split exists offline (mirror:
+    ``cnndm/test_subset.jsonl``, whose extra keys ``url``, ``source``, ``article_from`` are dropped); its
+    articles are partitioned by a hash of their id (:func:`cnndm_roles`) into three disjoint roles: ``shots``
+    (the one-shot example pool), ``train`` (the news training corpus) and ``test`` (everything evaluated or
+    calibrated on).
 ``humaneval/test.jsonl``
     ``{"task_id": str, "prompt": str, "entry_point": str, "canonical_solution": str, "test": str}``.
-``mbpp/test.jsonl`` (task_id 11..510) and ``mbpp/prompt.jsonl`` (task_id 1..10, the few-shot pool)
+``mbpp/test.jsonl`` (task_id 11..510), ``mbpp/prompt.jsonl`` (task_id 1..10, the few-shot pool) and
+``mbpp/train.jsonl`` (task_id 511..974: the official validation and train splits, training corpus only)
     ``{"task_id": int, "text": str, "code": str, "test_list": [str], "test_setup_code": str,
-    "challenge_test_list": [str]}``; task ids 511..974 (validation/train) are not used.
+    "challenge_test_list": [str]}``.
 ``topv2/{train,eval,test}.jsonl``
-    ``{"domain": str, "utterance": str, "semantic_parse": str}``, the domains concatenated in config
-    order, each file in file order (mirror: ``topv2/{domain}_{split}.tsv``, header
-    ``domain<TAB>utterance<TAB>semantic_parse``, read with quoting disabled).
+    ``{"id": str, "domain": str, "utterance": str, "semantic_parse": str}``, the domains concatenated in
+    config order, each file in file order; ``id`` is ``<domain>-<split>-<n>`` (n: the row's 1-based line
+    number in its domain file, header excluded), stable whatever else changes (mirror:
+    ``topv2/{domain}_{split}.tsv``, header ``domain<TAB>utterance<TAB>semantic_parse``, read with quoting
+    disabled).
 
 A malformed row is counted and described, never silently dropped and never fatal: a line that is not
 JSON (or not UTF-8), a record that is not an object, a missing key, a wrong type, an empty required
@@ -22,7 +28,8 @@ field, a duplicate id, a TSV line without exactly three columns, a TOPv2 domain 
 file's, and a TOPv2 parse whose brackets do not balance. Blank lines are not rows and are skipped.
 Every loader returns ``{split: SplitData}``; :meth:`SplitData.report` gives ``{"rows", "malformed",
 "malformed_examples"}`` (the first three descriptions, with line numbers). ``max_rows`` (0 = all)
-caps the rows kept per split; rows past the cap are still validated and counted in ``rows_over_cap``.
+caps the rows kept per split (TOPv2: split evenly over its domains, so a capped split still has every
+domain; CNN/DM: per role); rows past the cap are still validated and counted in ``rows_over_cap``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import gzip
+import hashlib
 import json
 import re
 import zlib
@@ -50,13 +58,22 @@ _BRACKET = re.compile(r"[\[\]]")
 # "str_list" = list of strings, "text_list" = non-empty list of strings.
 CNNDM_FIELDS: Mapping[str, str] = {"id": "text", "article": "text", "highlights": "text"}
 HUMANEVAL_FIELDS: Mapping[str, str] = {
-    "task_id": "text", "prompt": "text", "entry_point": "text", "canonical_solution": "text", "test": "text",
+    "task_id": "text",
+    "prompt": "text",
+    "entry_point": "text",
+    "canonical_solution": "text",
+    "test": "text",
 }
 MBPP_FIELDS: Mapping[str, str] = {
-    "task_id": "int", "text": "text", "code": "text", "test_list": "text_list",
-    "test_setup_code": "str", "challenge_test_list": "str_list",
+    "task_id": "int",
+    "text": "text",
+    "code": "text",
+    "test_list": "text_list",
+    "test_setup_code": "str",
+    "challenge_test_list": "str_list",
 }
-MBPP_SPLITS: Mapping[str, range] = {"test": range(11, 511), "prompt": range(1, 11)}
+MBPP_SPLITS: Mapping[str, range] = {"test": range(11, 511), "prompt": range(1, 11), "train": range(511, 975)}
+CNNDM_ROLES = ("shots", "train", "test")
 
 
 @dataclass
@@ -221,9 +238,40 @@ def _load_keyed(
 # ---------------------------------------------------------------- the loaders
 
 
-def load_cnndm(source: Source, max_rows: int = 0) -> dict[str, SplitData]:
-    """CNN/DailyMail 3.0.0, test split: ``{"test": SplitData}``."""
-    return _load_keyed(source, CNNDM_FIELDS, "id", lambda row: "test", ("test",), max_rows)
+def cnndm_roles(ids: list[str], shots: int, train: int) -> dict[str, str]:
+    """Each article id's role: the ``shots`` ids with the smallest sha256(id) are the one-shot pool, the next
+    ``train`` ids the training corpus, every other id ``test``. Depends on the ids alone (not on file order
+    or any seed), so the roles are disjoint by construction and the same in every stage and run."""
+    ranked = sorted(ids, key=lambda row_id: hashlib.sha256(f"cnndm-role/{row_id}".encode()).hexdigest())
+    roles = {row_id: "test" for row_id in ranked}
+    roles.update({row_id: "shots" for row_id in ranked[:shots]})
+    roles.update({row_id: "train" for row_id in ranked[shots : shots + train]})
+    return roles
+
+
+def load_cnndm(source: Source, max_rows: int = 0, *, shots: int = 20, train: int = 200) -> dict[str, SplitData]:
+    """CNN/DailyMail 3.0.0 test split, partitioned by :func:`cnndm_roles`: ``{"shots", "train", "test"}``.
+
+    ``shots`` and ``train`` are upper bounds: a small mirror keeps at least half of its articles for ``test``
+    (shots at most a quarter, at least one; train at most half of the rest).
+    """
+    everything = _load_keyed(source, CNNDM_FIELDS, "id", lambda row: "test", ("test",), 0)["test"]
+    count = len(everything.rows)
+    if count < 3:
+        example = f", e.g. {everything.malformed_examples[0]}" if everything.malformed_examples else ""
+        raise ExitbenchError(
+            f"cnndm: {count} valid articles ({everything.malformed} malformed{example}); one-shot evaluation needs "
+            "at least 3 (an example, a training article, a test article): replace the file with a complete copy"
+        )
+    shots = max(1, min(shots, count // 4))
+    train = min(train, (count - shots) // 2)
+    roles = cnndm_roles([row["id"] for row in everything.rows], shots, train)
+    data = {role: SplitData(source.task, role, source.describe(), max_rows) for role in CNNDM_ROLES}
+    for row in everything.rows:
+        data[roles[row["id"]]].add(row)
+    test = data["test"]
+    test.malformed, test.malformed_examples = everything.malformed, everything.malformed_examples
+    return data
 
 
 def load_humaneval(source: Source, max_rows: int = 0) -> dict[str, SplitData]:
@@ -267,8 +315,9 @@ def _topv2_row(columns: list[str], domain: str) -> tuple[dict[str, Any] | None, 
     return (None, problem) if problem else (row, None)
 
 
-def _read_topv2_file(path: Path, domain: str, target: SplitData) -> int:
-    """Add the file's rows to ``target``; returns how many were valid (kept or over the row cap)."""
+def _read_topv2_file(path: Path, domain: str, split: str, target: SplitData, cap: int = 0) -> int:
+    """Add the file's rows to ``target`` (at most ``cap`` of them, 0 = all; the rest count as over the cap);
+    returns how many were valid."""
     name = path.name
     header_seen = False
     valid = 0
@@ -292,9 +341,12 @@ def _read_topv2_file(path: Path, domain: str, target: SplitData) -> int:
         row, reason = _topv2_row(columns, domain)
         if row is None:
             target.reject(f"{name} line {lineno}", reason or "malformed")
+            continue
+        valid += 1
+        if cap and valid > cap:
+            target.rows_over_cap += 1
         else:
-            target.add(row)
-            valid += 1
+            target.add({"id": f"{domain}-{split}-{lineno - 1}", **row})
     return valid
 
 
@@ -312,10 +364,11 @@ def load_topv2(source: Source, max_rows: int = 0) -> dict[str, SplitData]:
         by_split.setdefault(split, []).append((domain, path))
     data: dict[str, SplitData] = {}
     for split, files in by_split.items():
-        target = SplitData("topv2", split, source.describe([path for _, path in files]), max_rows)
+        target = SplitData("topv2", split, source.describe([path for _, path in files]))
+        cap = -(-max_rows // len(files)) if max_rows else 0  # every domain keeps its share of a capped split
         for domain, path in files:
             malformed = target.malformed
-            if not _read_topv2_file(path, domain, target):  # the split would silently lack this domain
+            if not _read_topv2_file(path, domain, split, target, cap):  # the split would silently lack this domain
                 raise ExitbenchError(
                     f"topv2: domain '{domain}' has no valid rows in {path} ({target.malformed - malformed} "
                     "malformed); replace it with the authors' TSV file or drop the domain from data.topv2_domains"

@@ -9,6 +9,10 @@ Writes ``<out>/<task>/<split>.jsonl`` (schemas in :mod:`exitbench.data.loaders`)
                                       "malformed": n, "malformed_examples": [...], "rows_over_cap": n,
                                       "sha256": "<hex of the written JSONL>"}}}}
 
+plus ``"corpora": {"code": {"path": "code/train.jsonl", "documents": n, "wheels": [{"spec", "file", "sha256",
+"documents"}], "excluded_overlaps": [...], "sha256": ...}}`` when humaneval and mbpp are prepared (the code
+training corpus, :mod:`exitbench.data.code_corpus`; the news corpus is ``cnndm/train.jsonl``).
+
 ``source`` is ``{"kind": "mirror", "files": [...]}``, ``{"kind": "wheel", "package": ..., "files": [...]}``
 or ``{"kind": "hub", "id": ..., "config": ..., "splits": [...]}``. Every file is written atomically.
 """
@@ -21,12 +25,14 @@ from typing import Any
 from tqdm import tqdm
 
 from exitbench.config import DataConfig
+from exitbench.data.code_corpus import build_code_corpus
 from exitbench.data.io import atomic_write_json, sha256_file, write_jsonl_atomic
-from exitbench.data.loaders import LOADERS, SplitData
+from exitbench.data.loaders import LOADERS, SplitData, load_cnndm
 from exitbench.data.sources import check_mirror, resolve_source
 from exitbench.errors import ExitbenchError
 
 MANIFEST_NAME = "manifest.json"
+CODE_CORPUS = "code/train.jsonl"
 
 
 def _require_rows(data: SplitData) -> None:
@@ -58,8 +64,15 @@ def prepare_data(
 
     entries: dict[str, dict[str, Any]] = {}
     disable = None if progress is None else not progress
+    loaded: dict[str, dict[str, SplitData]] = {}
     for task in tqdm(tasks, desc="prepare_data", unit="dataset", disable=disable, leave=False):
-        splits = LOADERS[task](sources[task], config.max_rows_per_split)
+        if task == "cnndm":
+            splits = load_cnndm(
+                sources[task], config.max_rows_per_split, shots=config.cnndm_shots, train=config.cnndm_train
+            )
+        else:
+            splits = LOADERS[task](sources[task], config.max_rows_per_split)
+        loaded[task] = splits
         for data in splits.values():
             _require_rows(data)
         entries[task] = {}
@@ -74,13 +87,32 @@ def prepare_data(
                 "sha256": sha256_file(path),
             }
 
+    corpora = {"code": _write_code_corpus(config, loaded, out_dir)} if {"humaneval", "mbpp"} <= set(loaded) else {}
     manifest = {
         "mirror": str(mirror) if mirror is not None else None,
         "max_rows_per_split": config.max_rows_per_split,
         "tasks": entries,
+        "corpora": corpora,
     }
     atomic_write_json(out_dir / MANIFEST_NAME, manifest)
     return manifest
+
+
+def _write_code_corpus(config: DataConfig, loaded: dict[str, dict[str, SplitData]], out_dir: Path) -> dict[str, Any]:
+    """``code/train.jsonl`` (see :mod:`exitbench.data.code_corpus`) and its manifest entry."""
+    corpus = build_code_corpus(
+        loaded["mbpp"]["train"].rows, config.code_wheels, loaded["humaneval"]["test"].rows, loaded["mbpp"]["test"].rows
+    )
+    path = out_dir / CODE_CORPUS
+    write_jsonl_atomic(path, corpus.documents)
+    return {
+        "path": CODE_CORPUS,
+        "documents": len(corpus.documents),
+        "mbpp_train_problems": sum(doc["id"].startswith("mbpp/") for doc in corpus.documents),
+        "wheels": corpus.wheels,
+        "excluded_overlaps": corpus.excluded_overlaps,
+        "sha256": sha256_file(path),
+    }
 
 
 def summary_lines(manifest: dict[str, Any]) -> list[str]:
@@ -95,4 +127,10 @@ def summary_lines(manifest: dict[str, Any]) -> list[str]:
             if entry["malformed_examples"]:
                 line += f"; first: {entry['malformed_examples'][0]}"
             lines.append(line)
+    for name, entry in manifest.get("corpora", {}).items():
+        wheels = ", ".join(wheel["spec"] for wheel in entry["wheels"]) or "none"
+        lines.append(
+            f"{name} corpus: {entry['documents']} documents ({entry['mbpp_train_problems']} MBPP training problems; "
+            f"wheels {wheels}; {len(entry['excluded_overlaps'])} left out as overlapping an evaluated problem)"
+        )
     return lines

@@ -49,8 +49,9 @@ class HubSpec:
 HUB: Mapping[str, HubSpec] = {
     "cnndm": HubSpec("cnn_dailymail", "3.0.0", ("test",)),
     "humaneval": HubSpec("openai_humaneval", None, ("test",)),
-    # The hub's MBPP splits already follow the paper: prompt = task_id 1..10, test = 11..510.
-    "mbpp": HubSpec("mbpp", None, ("prompt", "test")),
+    # The hub's MBPP splits already follow the paper: prompt = task_id 1..10, test = 11..510; validation
+    # (511..600) and train (601..974) feed the code training corpus only.
+    "mbpp": HubSpec("mbpp", None, ("prompt", "test", "validation", "train")),
 }
 
 

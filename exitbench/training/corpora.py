@@ -1,10 +1,20 @@
-"""Offline training corpora (never test data): TOPv2 train rows, stdlib Python source, package docs.
+"""Offline training corpora (never evaluated data), one per task family, mixed by weight.
 
-``topv2`` gives one example per row (prompt tokens masked out of the loss); ``stdlib_code`` and
-``docs_text`` are packed: documents joined with EOS and cut into blocks of ``seq_len + 1`` tokens (each
-block yields ``seq_len`` next-token targets). A mixture concatenates the listed corpora and shuffles them
-with a seeded generator. Every source is read in a fixed order, so a corpus is a pure function of the
-installed environment, the prepared data, the tokenizer and the config.
+- ``topv2``: one example per TOPv2 train row, prompt tokens masked out of the loss (the task's format).
+- ``news``: one example per article of ``cnndm/train.jsonl`` (a role disjoint from every evaluated,
+  calibrated or one-shot article, see :func:`exitbench.data.loaders.cnndm_roles`) in the one-shot format
+  the cnndm task prompts with: ``Article: <lead>\nSummary: <highlights>\n\n``, the article's lead cut to
+  fit ``seq_len``, loss on the summary only.
+- ``code``: ``code/train.jsonl`` (MBPP's non-test problems as completion problems + pinned wheels' source,
+  :mod:`exitbench.data.code_corpus`), packed.
+- ``stdlib_code``, ``docs_text``: the interpreter's standard library and installed packages' descriptions,
+  packed (kept for experiments; they depend on the installed environment).
+
+Packing joins documents with EOS and cuts the stream into blocks of ``seq_len + 1`` tokens (each block
+yields ``seq_len`` next-token targets). A mixture takes ``round(weight / sum(weights) * size)`` examples
+of each corpus (cycling through a corpus smaller than its share), then shuffles them with a seeded
+generator; ``size`` is one pass of the run (steps x global batch). Every source is read in a fixed order,
+so a corpus is a pure function of the prepared data, the tokenizer and the config.
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import sysconfig
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -21,6 +31,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from exitbench.errors import ExitbenchError
+from exitbench.tasks.cnndm import format_example
 from exitbench.tasks.topv2 import build_prompt, build_target
 
 IGNORE_INDEX = -100
@@ -30,6 +41,8 @@ _MIN_DOC_CHARS = 200
 
 class CorpusName(str, Enum):
     TOPV2 = "topv2"
+    NEWS = "news"
+    CODE = "code"
     STDLIB_CODE = "stdlib_code"
     DOCS_TEXT = "docs_text"
 
@@ -73,10 +86,10 @@ def _eos_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def read_topv2_rows(path: Path) -> list[dict]:
-    """Rows of the prepared ``train.jsonl`` ({"domain", "utterance", "semantic_parse"}), in file order."""
+def read_rows(path: Path, stage: str = "prepare_data") -> list[dict]:
+    """The JSON objects of a prepared JSONL file, in file order (one clear error when missing or corrupt)."""
     if not path.exists():
-        raise ExitbenchError(f"{path}: not found; run `dvc repro prepare_data` (with topv2 in data.tasks) first")
+        raise ExitbenchError(f"{path}: not found; run `dvc repro {stage}` first (is its task in data.tasks?)")
     rows = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -84,8 +97,13 @@ def read_topv2_rows(path: Path) -> list[dict]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:
-            raise ExitbenchError(f"{path}:{number}: not a JSON object; re-run `dvc repro prepare_data`") from None
+            raise ExitbenchError(f"{path}:{number}: not a JSON object; re-run `dvc repro {stage}`") from None
     return rows
+
+
+def read_topv2_rows(path: Path) -> list[dict]:
+    """Rows of the prepared ``train.jsonl`` ({"id", "domain", "utterance", "semantic_parse"}), in file order."""
+    return read_rows(path)
 
 
 def topv2_examples(
@@ -110,6 +128,38 @@ def topv2_examples(
         if limit and len(examples) == limit:
             break
     return examples, skipped
+
+
+def news_examples(
+    data_dir: Path, tokenizer: PreTrainedTokenizerBase, seq_len: int, limit: int, seed: int
+) -> tuple[list[Example], int]:
+    """``Article: <lead>\nSummary:`` + `` <highlights>\n\n`` per training article (seeded order), the lead cut
+    so the example fits ``seq_len + 1`` tokens; articles whose summary alone takes over half of it are skipped.
+    """
+    rows = read_rows(Path(data_dir) / "cnndm" / "train.jsonl")
+    rows = [rows[index] for index in seeded_permutation(len(rows), seed)]
+    examples, skipped = [], 0
+    for row in rows:
+        summary = " ".join(str(row["highlights"]).split("\n"))
+        head = tokenizer(format_example(row["article"]).removesuffix("\nSummary:"), verbose=False)["input_ids"]
+        tail = tokenizer("\nSummary:", add_special_tokens=False, verbose=False)["input_ids"]
+        target = tokenizer(f" {summary}\n\n", add_special_tokens=False, verbose=False)["input_ids"]
+        room = seq_len + 1 - len(tail) - len(target)
+        if len(target) > (seq_len + 1) // 2 or room < 8:
+            skipped += 1
+            continue
+        prompt = [*head[:room], *tail]
+        examples.append(Example((*prompt, *target), prompt_len=len(prompt)))
+        if limit and len(examples) == limit:
+            break
+    return examples, skipped
+
+
+def code_texts(data_dir: Path, seed: int) -> Iterable[str]:
+    """The code corpus's documents (``code/train.jsonl``) in a seeded order."""
+    rows = read_rows(Path(data_dir) / "code" / "train.jsonl")
+    for index in seeded_permutation(len(rows), seed):
+        yield str(rows[index]["text"])
 
 
 def stdlib_sources() -> list[Path]:
@@ -169,30 +219,56 @@ def _load_one(
 ) -> tuple[list[Example], int]:
     if name is CorpusName.TOPV2:
         return topv2_examples(data_dir, tokenizer, seq_len, limit, seed)
-    texts: Callable[[int], Iterable[str]] = stdlib_texts if name is CorpusName.STDLIB_CODE else docs_texts
-    return pack(texts(seed), tokenizer, seq_len, limit), 0
+    if name is CorpusName.NEWS:
+        return news_examples(data_dir, tokenizer, seq_len, limit, seed)
+    texts: dict[CorpusName, Callable[[], Iterable[str]]] = {
+        CorpusName.CODE: lambda: code_texts(data_dir, seed),
+        CorpusName.STDLIB_CODE: lambda: stdlib_texts(seed),
+        CorpusName.DOCS_TEXT: lambda: docs_texts(seed),
+    }
+    return pack(texts[name](), tokenizer, seq_len, limit), 0
+
+
+def mixture_counts(weights: Mapping[str, float], size: int) -> dict[str, int]:
+    """Examples per corpus: ``weight / total * size`` rounded, at least 1 each, the rounding remainder given to
+    the heaviest corpus so the counts add up to ``size``."""
+    total = sum(weights.values())
+    if not weights or total <= 0 or any(w <= 0 for w in weights.values()):
+        raise ExitbenchError(f"train corpus weights must be positive, got {dict(weights)}")
+    counts = {name: max(1, round(weight / total * size)) for name, weight in weights.items()}
+    heaviest = max(weights, key=lambda name: weights[name])
+    counts[heaviest] += size - sum(counts.values())
+    return counts
 
 
 def build_corpus(
-    names: Sequence[str],
+    weights: Mapping[str, float] | Sequence[str],
     data_dir: Path,
     tokenizer: PreTrainedTokenizerBase,
     seq_len: int,
-    max_examples: int,
+    size: int,
     seed: int,
 ) -> Corpus:
-    """The mixture of ``names``: concatenated, shuffled by a seeded generator, cut to ``max_examples`` (0 = all)."""
+    """The seeded mixture of ``weights`` (corpus name -> weight; a list = equal weights) with ``size`` examples.
+
+    ``size`` 0 = every example of every corpus, concatenated (no weighting). A corpus with fewer examples
+    than its share is cycled through (an example then appears more than once; ``repeats`` in its counts).
+    """
+    if not isinstance(weights, Mapping):
+        weights = dict.fromkeys(weights, 1.0)
+    wanted = mixture_counts(weights, size) if size else dict.fromkeys(weights, 0)
     examples: list[Example] = []
     counts: dict[str, dict[str, int]] = {}
-    for name in dict.fromkeys(names):
-        part, skipped = _load_one(CorpusName(name), Path(data_dir), tokenizer, seq_len, max_examples, seed)
+    for name, want in wanted.items():
+        part, skipped = _load_one(CorpusName(name), Path(data_dir), tokenizer, seq_len, want, seed)
         if not part:
             raise ExitbenchError(f"corpus '{name}' produced no examples of at most {seq_len + 1} tokens")
-        counts[name] = {**Corpus(part).totals(), "skipped_too_long": skipped}
+        unique = len(part)
+        if want:
+            part = [part[i % unique] for i in range(want)]
+        counts[name] = {**Corpus(part).totals(), "unique_examples": unique, "skipped_too_long": skipped}
         examples.extend(part)
     mixed = [examples[index] for index in seeded_permutation(len(examples), seed + 1)]
-    if max_examples:
-        mixed = mixed[:max_examples]
     return Corpus(mixed, counts)
 
 

@@ -23,10 +23,12 @@ IGNORE_INDEX = -100
 
 
 class Recipe(str, Enum):
-    """How exits are weighted: LayerSkip's quadratic scale or CALM's linear one."""
+    """How exits are weighted: LayerSkip's quadratic scale, CALM's linear one, or the last layer only (``plain``:
+    the ordinary finetune that LayerSkip is compared with, LayerSkip Table 6 "without LayerSkip")."""
 
     LAYERSKIP = "layerskip"
     CALM = "calm"
+    PLAIN = "plain"
 
 
 def layerskip_scales(num_layers: int, e_scale: float) -> list[float]:
@@ -47,6 +49,8 @@ def exit_scales(recipe: Recipe | str, num_layers: int, e_scale: float) -> list[f
     """The un-normalised per-exit scale of ``recipe`` for every layer."""
     if Recipe(recipe) is Recipe.CALM:
         return calm_scales(num_layers)
+    if Recipe(recipe) is Recipe.PLAIN:
+        return [0.0] * (num_layers - 1) + [1.0]
     return layerskip_scales(num_layers, e_scale)
 
 

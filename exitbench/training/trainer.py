@@ -131,7 +131,8 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
     device = resolve_device(base.device)
     tokenizer = load_tokenizer(paths.base_model)
     causal_lm = load_causal_lm(paths.base_model, "float32", base.device).train()
-    corpus = build_corpus(variant.corpus, paths.data, tokenizer, variant.seq_len, variant.max_examples, base.seed)
+    size = variant.max_examples or variant.steps * variant.batch_size * variant.grad_accum  # one pass of the run
+    corpus = build_corpus(variant.corpus, paths.data, tokenizer, variant.seq_len, size, base.seed)
     objective = EarlyExitObjective(causal_lm)
     if variant.freeze_embeddings:
         freeze_embeddings(causal_lm)
