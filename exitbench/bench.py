@@ -9,8 +9,11 @@ Protocol (what makes the numbers comparable):
 - :meth:`DecodingMethod.generate` times with ``time.perf_counter`` and synchronises CUDA before reading
   the clock; torch's thread count comes from ``base.threads`` and is recorded in the provenance block;
 - time per token is reported as the median and inter-quartile range over prompts x repeats, and the
-  speed-up as LayerSkip defines it (Elhoushi et al. 2024, §5): the mean time per generated token of
-  greedy autoregressive decoding / that of the method, both measured in this run;
+  speed-up as LayerSkip defines it (Elhoushi et al. 2024, §5): the time per generated token of greedy
+  autoregressive decoding / that of the method (total seconds / total tokens, as `evaluate` computes it),
+  both measured in this run; its 95% interval is a paired bootstrap over prompts
+  (:func:`exitbench.stats.speedup_interval`, repeats summed per prompt), and the acceptance rate's one
+  resamples prompts' accepted / drafted counts (:func:`exitbench.stats.ratio_interval`);
 - exactness: the method's tokens against greedy's for every prompt (mismatches, first divergence);
 - the ideal speed-up of speculative decoding (Leviathan et al. 2023, Theorem 3.8, with LayerSkip's
   verify cost, see :mod:`exitbench.cost_model`) uses the per-token acceptance ``a`` derived from the
@@ -49,12 +52,14 @@ from exitbench.evaluation import encode_prompt, first_divergence, stop_rule
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
+from exitbench.stats import DEFAULT_SEED, Interval, ratio_interval, speedup_interval
 from exitbench.subvocab import task_train_path, write_task_draft_vocab
-from exitbench.tasks.registry import Task, build_task
+from exitbench.tasks.registry import Task, TaskSettings, build_task
 from exitbench.timing import median_seconds
 
 BASELINE = "autoregressive"
 SHARED_VERIFY = frozenset({"self_speculative"})  # methods whose verify pass starts at layer E
+INTERVAL_METRICS = ("speedup_vs_greedy", "acceptance_rate")  # each row: <metric>, _low, _high, _n (95%)
 COLUMNS = (
     "model",
     "dtype",
@@ -65,7 +70,13 @@ COLUMNS = (
     "iqr_ms",
     "mean_time_per_token_ms",
     "speedup_vs_greedy",
+    "speedup_vs_greedy_low",
+    "speedup_vs_greedy_high",
+    "speedup_vs_greedy_n",
     "acceptance_rate",
+    "acceptance_rate_low",
+    "acceptance_rate_high",
+    "acceptance_rate_n",
     "alpha",
     "tokens_per_round",
     "c_draft",
@@ -235,22 +246,58 @@ def measure_step_costs(
     )
 
 
+def per_prompt_totals(runs: list[list[DecodeResult]]) -> np.ndarray:
+    """``[4, prompts]``: seconds, tokens, accepted and drafted tokens per prompt, summed over repeats."""
+    totals = np.zeros((4, len(runs[0])))
+    for repeat in runs:
+        for i, result in enumerate(repeat):
+            totals[:, i] += (result.wall_time_s, result.num_tokens, result.num_accepted, result.num_drafted)
+    return totals
+
+
+def _flat(metric: str, interval: Interval) -> dict[str, Any]:
+    return {
+        metric: interval.estimate,
+        f"{metric}_low": interval.low,
+        f"{metric}_high": interval.high,
+        f"{metric}_n": interval.n,
+    }
+
+
+def interval_fields(
+    runs: list[list[DecodeResult]], greedy_runs: list[list[DecodeResult]], seed: int = DEFAULT_SEED
+) -> dict[str, Any]:
+    """Speed-up vs greedy (pairs of prompts) and acceptance, each with its 95% bootstrap interval over prompts.
+
+    None where undefined (no tokens or no time; nothing drafted).
+    """
+    seconds, tokens, accepted, drafted = per_prompt_totals(runs)
+    g_seconds, g_tokens, _, _ = per_prompt_totals(greedy_runs)
+    fields: dict[str, Any] = dict.fromkeys(
+        f"{metric}{suffix}" for metric in INTERVAL_METRICS for suffix in ("", "_low", "_high", "_n")
+    )
+    if seconds.sum() > 0 and tokens.sum() > 0 and g_tokens.sum() > 0:
+        fields.update(_flat("speedup_vs_greedy", speedup_interval(g_seconds, g_tokens, seconds, tokens, seed)))
+    if drafted.sum() > 0:
+        fields.update(_flat("acceptance_rate", ratio_interval(accepted, drafted, seed)))
+    return fields
+
+
 def summarize_entry(
     entry: SweepEntry,
     runs: list[list[DecodeResult]],
     greedy_runs: list[list[DecodeResult]],
     costs: StepCosts | None,
+    seed: int = DEFAULT_SEED,
 ) -> dict[str, Any]:
     """One sweep row: speed over prompts x repeats, acceptance, exactness and the ideal bound."""
     flat = [r for repeat in runs for r in repeat]
-    greedy_flat = [r for repeat in greedy_runs for r in repeat]
     per_token = np.array([r.time_per_token_ms for r in flat])
     q25, q75 = np.percentile(per_token, [25, 75])
     mean_ms = float(per_token.mean())
-    greedy_mean_ms = float(np.mean([r.time_per_token_ms for r in greedy_flat]))
-    drafted = sum(r.num_drafted for r in flat)
     rounds = sum(r.num_rounds for r in flat)
-    rate = sum(r.num_accepted for r in flat) / drafted if drafted else None
+    intervals = interval_fields(runs, greedy_runs, seed)
+    speedup, rate = intervals["speedup_vs_greedy"], intervals["acceptance_rate"]
     divergences = [
         first_divergence(r.tokens, g.tokens)
         for repeat, greedy_repeat in zip(runs, greedy_runs, strict=True)
@@ -258,7 +305,6 @@ def summarize_entry(
     ]
     num_prompts = len(runs[0])
     mismatched_prompts = {i % num_prompts for i, div in enumerate(divergences) if div is not None}
-    speedup = greedy_mean_ms / mean_ms if mean_ms > 0 else None
     row: dict[str, Any] = {
         "method": entry.name,
         "exit_layer": entry.exit_layer,
@@ -266,8 +312,7 @@ def summarize_entry(
         "time_per_token_ms": float(np.median(per_token)),
         "iqr_ms": float(q75 - q25),
         "mean_time_per_token_ms": mean_ms,
-        "speedup_vs_greedy": speedup,
-        "acceptance_rate": rate,
+        **intervals,
         "alpha": None,
         "tokens_per_round": sum(r.num_tokens for r in flat) / rounds if rounds else None,
         "c_draft": costs.c_draft if costs else None,
@@ -319,7 +364,7 @@ def run_sweep(
             if key not in costs:
                 costs[key] = measure_step_costs(model, prompts[0], *key, iters=cost_iters)
             entry_costs = costs[key]
-        row = summarize_entry(entry, results[entry.label], results[BASELINE], entry_costs)
+        row = summarize_entry(entry, results[entry.label], results[BASELINE], entry_costs, seed)
         rows.append({"model": model_name, "dtype": dtype_name, **row, "max_new_tokens": bench.max_new_tokens})
     return rows
 
@@ -355,7 +400,8 @@ def write_draft_vocab(
 
 
 def load_prompt_texts(task: Task, data_dir: str | Path, num_prompts: int) -> list[str]:
-    """The first ``num_prompts`` prompts of ``data/<task>/<split>.jsonl``, in the task's own prompt format."""
+    """``num_prompts`` prompts of ``data/<task>/<split>.jsonl`` in the task's own format: the task's seeded,
+    stratified draw (:meth:`Task.samples`), so with evaluate's seed they are the first of evaluate's samples."""
     data_dir = Path(data_dir)
 
     def rows(split: str) -> list[dict[str, Any]]:
@@ -371,7 +417,7 @@ def load_prompt_texts(task: Task, data_dir: str | Path, num_prompts: int) -> lis
             f"bench_decoding: {data_dir / task.name / task.split}.jsonl has {len(test_rows)} rows but "
             f"bench.num_prompts is {num_prompts}; lower bench.num_prompts"
         )
-    return [sample.prompt for sample in task.samples(test_rows, num_prompts)]
+    return [sample.prompt for sample in task.samples(test_rows, num_prompts, "bench.num_prompts")]
 
 
 def check_model_dirs(models_dir: str | Path, names: Sequence[str]) -> list[Path]:
@@ -401,7 +447,7 @@ def run_bench(
     for name in (BASELINE, "self_speculative", *bench.peers):  # fail fast on an unknown method
         method_class(name)
     model_dirs = check_model_dirs(models_dir, bench.models)
-    task = build_task(bench.task)
+    task = build_task(bench.task, TaskSettings(cfg.base.seed))  # evaluate's seed: the same draw of prompts
     texts = load_prompt_texts(task, data_dir, bench.num_prompts)
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")

@@ -3,8 +3,11 @@
 One YAML file per paper. Each ``rows`` entry is one figure of one table (its source, the setting it was
 measured in, the reported values, the tolerance on speed-up and the exitbench task/method it maps to);
 ``training`` holds the paper's training hyper-parameters per experiment; ``caveats`` lists the paper's own
-measurement caveats. Everything is frozen and unknown keys are rejected, so a typo in a YAML file is one
-clear error instead of a silently missing comparison. Values are fractions (0.689, not 68.9%).
+measurement caveats; ``claims`` lists statements that do not depend on hardware kind or model size (a
+trend over relative depth, a ratio within one model, an exactness or a guarantee), each with the rule
+that computes our side and a tolerance band (see :class:`Claim`). Everything is frozen and unknown keys are
+rejected, so a typo in a YAML file is one clear error instead of a silently missing comparison. Values
+are fractions (0.689, not 68.9%).
 """
 
 from __future__ import annotations
@@ -149,6 +152,27 @@ class Row(_Frozen):
     def tolerance_or(self, default: float) -> float:
         return default if self.tolerance is None else self.tolerance
 
+    def reported_value(self, field: str) -> float | None:
+        """A printed value by name: ``acceptance``, ``speedup`` (printed, else derived), ``avg_layers``,
+        ``time_per_token_ms``, ``quality.<metric>`` or ``baseline.quality.<metric>``; None when absent."""
+        reported = self.reported
+        if field == "speedup":
+            return None if self.paper_speedup is None else self.paper_speedup[0]
+        if field in ("acceptance", "avg_layers", "time_per_token_ms", "flops_reduction"):
+            return getattr(reported, field)
+        if field.startswith("quality."):
+            return reported.quality.get(field.removeprefix("quality."))
+        if field.startswith("baseline.quality.") and reported.baseline is not None:
+            return reported.baseline.quality.get(field.removeprefix("baseline.quality."))
+        return None
+
+    @property
+    def relative_depth(self) -> float | None:
+        """E / L of this row's exit layer, or None when either is not stated."""
+        if self.setting.exit_layer is None or self.setting.num_layers is None:
+            return None
+        return self.setting.exit_layer / self.setting.num_layers
+
     @property
     def label(self) -> str:
         """A short legend label, e.g. 'Llama2 7B, H100, E8 d12' (parentheticals dropped)."""
@@ -195,6 +219,173 @@ class TrainingRecipe(_Frozen):
     notes: tuple[str, ...] = ()
 
 
+ClaimKind = Literal[
+    "acceptance_at_depth",
+    "speedup_at_depth",
+    "exit_quality_fraction",
+    "exit_quality_fraction_gain",
+    "last_layer_cost",
+    "exactness",
+    "speculative_bound",
+    "speculative_bound_paper",
+    "calm_risk_guarantee",
+    "calm_measure_order",
+]
+Bound = Literal["within", "at_most", "above"]
+
+# kind -> (maps_to keys it needs, paper keys it needs, the band it is judged against)
+CLAIM_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], Bound]] = {
+    "acceptance_at_depth": (("task", "method"), ("rows", "field"), "within"),
+    "speedup_at_depth": (("task", "method"), ("rows", "field"), "within"),
+    "exit_quality_fraction": (("task", "method", "reference_method", "metric"), ("rows", "field", "reference_row"),
+                              "within"),
+    "exit_quality_fraction_gain": (("task", "models", "control", "method", "reference_method", "metric"), ("value",),
+                                   "above"),
+    "last_layer_cost": (("task", "models", "control", "method", "metric"), ("rows", "field", "reference_field"),
+                        "within"),
+    "exactness": (("method",), ("value",), "at_most"),
+    "speculative_bound": (("method",), ("value",), "at_most"),
+    "speculative_bound_paper": ((), ("rows", "value"), "at_most"),
+    "calm_risk_guarantee": ((), (), "at_most"),
+    "calm_measure_order": ((), ("rows", "field"), "above"),
+}
+CURVE_KINDS = ("acceptance_at_depth", "speedup_at_depth", "exit_quality_fraction")
+
+
+class ClaimSource(_Frozen):
+    """Where the paper states the claim: a table or a section, and the rows/columns/sentence it rests on."""
+
+    table: str | None = None
+    section: str | None = None
+    row: str = Field(description="the rows, columns or sentence the claim reads, as printed")
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> ClaimSource:
+        if self.table is None and self.section is None:
+            raise ValueError("a claim's source needs a table or a section")
+        return self
+
+    def describe(self) -> str:
+        return f"{' · '.join(p for p in (self.table, self.section) if p)}: {self.row}"
+
+
+class ClaimPaper(_Frozen):
+    """The paper's side. Numbers are read from this file's ``rows`` (never typed in twice): ``field`` of each
+    row (see :meth:`Row.reported_value`), divided by (fractions) or minus (differences) ``reference_field`` of
+    ``reference_row`` (default: the same row). ``value`` is a bound the paper states in words (0 mismatches,
+    a speed-up ratio of 1, a gain of 0), with the claim's source saying where."""
+
+    rows: tuple[str, ...] = ()
+    field: str | None = None
+    reference_row: str | None = None
+    reference_field: str | None = None
+    value: float | None = None
+
+
+class ClaimMapsTo(_Frozen):
+    """Which of our results the claim's rule reads."""
+
+    task: Task | None = Field(None, description="None: every task the results hold")
+    models: tuple[str, ...] = Field((), description="our models; empty: every model the results hold")
+    control: str | None = Field(None, description="the control model (e.g. plain: the same finetune without "
+                                                  "LayerSkip); never replaced by another model when missing")
+    method: Method | None = None
+    reference_method: Method | None = Field(None, description="the denominator's method (e.g. autoregressive)")
+    metric: str | None = None
+    kv_strategy: str | None = Field(None, description="CALM KV strategy to read (None: every one)")
+
+
+class Claim(_Frozen):
+    """A statement of the paper that does not depend on hardware kind or model size, with its verdict rule.
+
+    ``kind`` names the rule that computes our side (an interval) and the band it is judged against:
+    ``within`` (the paper's value ± tolerance, absolute or relative), ``at_most`` (≤ value + tolerance) or
+    ``above`` (> value + tolerance). reproduced: our interval inside the band; not reproduced: entirely
+    outside; inconclusive: it straddles an edge; not measured: the results lack what the rule needs.
+    """
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    statement: str
+    source: ClaimSource
+    kind: ClaimKind
+    paper: ClaimPaper = ClaimPaper()
+    maps_to: ClaimMapsTo = ClaimMapsTo()
+    tolerance: float = Field(ge=0, description="band half-width (within) or slack/margin (at_most/above)")
+    tolerance_mode: Literal["absolute", "relative"] = "absolute"
+    unverified: bool = False
+    notes: tuple[str, ...] = ()
+
+    @property
+    def bound(self) -> Bound:
+        return CLAIM_KINDS[self.kind][2]
+
+    @model_validator(mode="after")
+    def _has_what_its_kind_needs(self) -> Claim:
+        maps_to_keys, paper_keys, bound = CLAIM_KINDS[self.kind]
+        for prefix, block, keys in (("maps_to", self.maps_to, maps_to_keys), ("paper", self.paper, paper_keys)):
+            for key in keys:
+                if getattr(block, key) in (None, ()):
+                    raise ValueError(f"'{prefix}.{key}': kind '{self.kind}' needs it")
+        if self.tolerance_mode == "relative" and bound != "within":
+            raise ValueError(f"'tolerance_mode': relative needs a 'within' band; kind '{self.kind}' is '{bound}'")
+        if self.unverified and not self.notes:
+            raise ValueError("'notes': an unverified claim needs a note saying what is uncertain and why")
+        return self
+
+
+def claim_paper_values(claim: Claim, rows: dict[str, Row]) -> tuple[tuple[float | None, float, str], ...]:
+    """The paper's values of a claim as (E/L, value, row id), one per ``paper.rows`` entry: ``field``, over
+    (``exit_quality_fraction``) or minus (``last_layer_cost``) the reference. Raises ValueError naming the key."""
+    paper = claim.paper
+    out = []
+    for row_id in paper.rows:
+        if row_id not in rows:
+            raise ValueError(f"'paper.rows': unknown row '{row_id}' (not in this file)")
+        row = rows[row_id]
+        value = row.reported_value(paper.field or "")
+        if value is None:
+            raise ValueError(f"'paper.field': row '{row_id}' has no value '{paper.field}'")
+        if claim.kind in ("exit_quality_fraction", "last_layer_cost"):
+            ref_id = paper.reference_row or row_id
+            if ref_id not in rows:
+                raise ValueError(f"'paper.reference_row': unknown row '{ref_id}' (not in this file)")
+            ref_field = paper.reference_field or paper.field or ""
+            reference = rows[ref_id].reported_value(ref_field)
+            if reference is None or (claim.kind == "exit_quality_fraction" and reference <= 0):
+                raise ValueError(f"'paper.reference_field': row '{ref_id}' has no positive value '{ref_field}'")
+            value = value / reference if claim.kind == "exit_quality_fraction" else value - reference
+        if claim.kind == "speculative_bound_paper":
+            setting = row.setting
+            if None in (row.reported.acceptance, setting.exit_layer, setting.num_speculations, setting.num_layers):
+                raise ValueError(f"'paper.rows': row '{row_id}' needs acceptance, exit_layer, num_speculations "
+                                 "and num_layers for the cost model")
+        out.append((row.relative_depth, value, row_id))
+    if claim.kind in CURVE_KINDS:
+        depths = [x for x, _, _ in out]
+        if None in depths:
+            raise ValueError("'paper.rows': a curve over E/L needs exit_layer and num_layers in every row's setting")
+        if len(set(depths)) != len(depths):
+            raise ValueError("'paper.rows': two rows have the same E/L")
+    return tuple(out)
+
+
+def paper_measure_order(claim: Claim, rows: dict[str, Row]) -> tuple[str, ...]:
+    """The confidence measures in increasing ``field`` (e.g. average exit layer), the same in every group of
+    the claim's rows that share task, consistency objective and δ. Raises ValueError naming the key."""
+    groups: dict[tuple[str, str | None, float | None], list[tuple[float, str]]] = {}
+    for (_, value, row_id) in claim_paper_values(claim, rows):
+        setting = rows[row_id].setting
+        if setting.measure is None:
+            raise ValueError(f"'paper.rows': row '{row_id}' names no confidence measure")
+        key = (rows[row_id].maps_to.task, setting.consistency, setting.delta)
+        groups.setdefault(key, []).append((value, setting.measure))
+    orders = {tuple(m for _, m in sorted(group)) for group in groups.values() if len(group) > 1}
+    if len(orders) != 1:
+        raise ValueError("'paper.rows': the rows give no single ordering of the measures (groups disagree or "
+                         "no group has two measures)")
+    return orders.pop()
+
+
 class Paper(_Frozen):
     """One ``replications/<paper>.yaml`` file."""
 
@@ -209,14 +400,32 @@ class Paper(_Frozen):
     caveats: tuple[str, ...]
     rows: tuple[Row, ...]
     training: tuple[TrainingRecipe, ...] = ()
+    claims: tuple[Claim, ...] = ()
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Paper:
-        for kind, ids in (("row", [r.id for r in self.rows]), ("training", [t.id for t in self.training])):
+        for kind, ids in (("row", [r.id for r in self.rows]), ("training", [t.id for t in self.training]),
+                          ("claim", [c.id for c in self.claims])):
             seen = {i for i in ids if ids.count(i) > 1}
             if seen:
                 raise ValueError(f"duplicate {kind} id(s): {', '.join(sorted(seen))}")
         return self
+
+    @model_validator(mode="after")
+    def _claims_read_existing_rows(self) -> Paper:
+        rows = self.rows_by_id
+        for claim in self.claims:
+            try:
+                claim_paper_values(claim, rows)
+                if claim.kind == "calm_measure_order":
+                    paper_measure_order(claim, rows)
+            except ValueError as err:
+                raise ValueError(f"claim '{claim.id}': {err}") from None
+        return self
+
+    @property
+    def rows_by_id(self) -> dict[str, Row]:
+        return {row.id: row for row in self.rows}
 
 
 def load_paper(path: str | Path) -> Paper:
@@ -233,7 +442,31 @@ def load_paper(path: str | Path) -> Paper:
     try:
         return Paper.model_validate(raw)
     except ValidationError as err:
-        raise ExitbenchError(pydantic_error_line(err, str(path))) from None
+        raise ExitbenchError(_paper_error_line(err, raw, str(path))) from None
+
+
+def _paper_error_line(err: ValidationError, raw: dict, source: str) -> str:
+    """:func:`pydantic_error_line`, except that an error inside a claim names the claim by its id:
+    ``<file>: claim '<id>': '<key>': <what>``."""
+    first = err.errors()[0]
+    loc = first["loc"]
+    message = str(first.get("msg", "")).removeprefix("Value error, ")
+    if not loc and message.startswith("claim '"):
+        return f"{source}: {message}"
+    if len(loc) < 2 or loc[0] != "claims" or not isinstance(loc[1], int):
+        return pydantic_error_line(err, source)
+    claims = raw.get("claims")
+    entry = claims[loc[1]] if isinstance(claims, list) and loc[1] < len(claims) else None
+    name = entry.get("id") if isinstance(entry, dict) else None
+    where = f"claim '{name}'" if isinstance(name, str) else f"claim #{loc[1] + 1} (no valid id)"
+    key = ".".join(str(part) for part in loc[2:])
+    if first["type"] == "extra_forbidden":
+        return f"{source}: {where}: unknown key '{key}'"
+    if first["type"] == "missing":
+        return f"{source}: {where}: '{key}' is missing"
+    got = first.get("input")
+    shown = "" if not key or isinstance(got, dict | list) else f" (got {got!r})"
+    return f"{source}: {where}: " + (f"'{key}': {message}{shown}" if key else message)
 
 
 def load_replications(directory: str | Path) -> tuple[Paper, ...]:
@@ -246,8 +479,9 @@ def load_replications(directory: str | Path) -> tuple[Paper, ...]:
         raise ExitbenchError(f"{directory}: no *.yaml replication files")
     seen: dict[str, str] = {}
     for paper in papers:
-        for row in paper.rows:
-            if row.id in seen:
-                raise ExitbenchError(f"{directory}: row id '{row.id}' appears in both {seen[row.id]} and {paper.id}")
-            seen[row.id] = paper.id
+        for kind, ids in (("row", [r.id for r in paper.rows]), ("claim", [c.id for c in paper.claims])):
+            for item in ids:
+                if item in seen:
+                    raise ExitbenchError(f"{directory}: {kind} id '{item}' appears in both {seen[item]} and {paper.id}")
+                seen[item] = paper.id
     return papers

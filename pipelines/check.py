@@ -1,7 +1,8 @@
-"""Stage `check`: every published figure in replications/*.yaml vs this profile's results -> check.md/.json.
+"""Stage `check`: every claim and published figure in replications/*.yaml vs this profile's results ->
+check.md/.json (claims first: they do not depend on hardware kind or model size).
 
-A figure that is not reproduced is a result (exit 0); only a broken input (missing results directory,
-malformed result or replication file) fails, with one line on stderr and exit code 2.
+A figure or claim that is not reproduced is a result (exit 0); only a broken input (missing results
+directory, malformed result or replication file) fails, with one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from exitbench.config import load_stage
 from exitbench.errors import ExitbenchError
 from exitbench.replications import load_replications
 from exitbench.report.check import run_check, summarize, write_check
+from exitbench.report.claims import run_claims
 from exitbench.report.results import load_results
 
 
@@ -29,12 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         results = load_results(args.results)
         tolerance = cfg.check.default_tolerance
         verdicts = run_check(papers, results, tolerance)
-        md_path, json_path = write_check(verdicts, papers, args.out, tolerance, cfg.profile)
+        claims = run_claims(papers, results)
+        md_path, json_path = write_check(verdicts, papers, args.out, tolerance, cfg.profile, claims)
     except ExitbenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    counts = ", ".join(f"{name}: {n}" for name, n in summarize(verdicts).items())
-    print(f"check: {len(verdicts)} verdicts ({counts}) -> {md_path}, {json_path}")
+    counts = ", ".join(f"{name}: {n}" for name, n in summarize([*claims, *verdicts]).items())
+    print(f"check: {len(claims)} claim and {len(verdicts)} figure verdicts ({counts}) -> {md_path}, {json_path}")
     return 0
 
 

@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     except ExitbenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"report: {len(results.evals)} eval results -> {len(written)} text files, {len(plots)} plot files "
-          f"under {args.out}")
+    print(
+        f"report: {len(results.evals)} eval results -> {len(written)} text files, {len(plots)} plot files "
+        f"under {args.out}"
+    )
     return 0
 
 

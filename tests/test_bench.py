@@ -17,6 +17,7 @@ from exitbench.bench import (
     COLUMNS,
     SweepEntry,
     build_entry,
+    interval_fields,
     measure_step_costs,
     run_interleaved,
     run_sweep,
@@ -25,7 +26,7 @@ from exitbench.bench import (
     write_results,
 )
 from exitbench.config import BenchConfig, resolve, stage_view
-from exitbench.decoding import StopRule, build_method
+from exitbench.decoding import DecodeResult, StopRule, build_method
 from exitbench.errors import ExitbenchError
 
 NUM_LAYERS = 4
@@ -37,8 +38,14 @@ def prompts() -> list[list[int]]:
 
 
 BENCH = BenchConfig(
-    models=["tiny"], exit_layers=[1, 2], num_speculations=[1, 3], num_prompts=2, max_new_tokens=8,
-    repeats=2, dtypes=["float32"], peers=["hf_early_exit", "speculative"],
+    models=["tiny"],
+    exit_layers=[1, 2],
+    num_speculations=[1, 3],
+    num_prompts=2,
+    max_new_tokens=8,
+    repeats=2,
+    dtypes=["float32"],
+    peers=["hf_early_exit", "speculative"],
 )
 
 
@@ -75,13 +82,39 @@ def test_sweep_rows_are_exact_and_complete(rows):
         assert row["exact"] is True and row["num_mismatched"] == 0 and row["first_divergence"] is None
         assert row["num_prompts"] == 2 and row["repeats"] == 2 and row["max_new_tokens"] == 8
         assert row["time_per_token_ms"] > 0 and row["iqr_ms"] >= 0 and row["speedup_vs_greedy"] > 0
+    for row in rows:  # paired 95% interval over the 2 prompts, around the reported speed-up
+        assert row["speedup_vs_greedy_low"] <= row["speedup_vs_greedy"] <= row["speedup_vs_greedy_high"]
+        assert row["speedup_vs_greedy_n"] == 2
+    assert rows[0]["acceptance_rate"] is None and rows[0]["acceptance_rate_low"] is None  # greedy drafts nothing
     for row in rows[1:]:
         assert 0.0 <= row["acceptance_rate"] <= 1.0
+        assert row["acceptance_rate_low"] <= row["acceptance_rate"] <= row["acceptance_rate_high"]
+        assert row["acceptance_rate_n"] == 2
         assert row["tokens_per_round"] >= 1.0
         assert row["c_draft"] > 0 and row["c_verify"] > 0
         assert 0.0 <= row["alpha"] <= 1.0
         assert math.isfinite(row["ideal_speedup"]) and row["ideal_speedup"] > 0
         assert row["ideal_fraction"] == pytest.approx(row["speedup_vs_greedy"] / row["ideal_speedup"])
+
+
+def _result(seconds: float, tokens: int, accepted: int = 0, drafted: int = 0) -> DecodeResult:
+    return DecodeResult(tokens=[5] * tokens, wall_time_s=seconds, num_drafted=drafted, num_accepted=accepted)
+
+
+def test_interval_fields_pair_prompts_and_sum_repeats():
+    """Speed-up = greedy's seconds/token over the method's (totals), acceptance = accepted/drafted, per prompt."""
+    greedy = [[_result(1.0, 10), _result(2.0, 10), _result(3.0, 10)]] * 2  # 2 repeats x 3 prompts
+    method = [[_result(0.5, 10, 6, 8), _result(1.2, 10, 2, 8), _result(1.4, 10, 5, 6)]] * 2
+    fields = interval_fields(method, greedy, seed=7)
+    assert fields["speedup_vs_greedy"] == pytest.approx(6.0 / 3.1)
+    assert fields["speedup_vs_greedy_low"] <= fields["speedup_vs_greedy"] <= fields["speedup_vs_greedy_high"]
+    assert fields["speedup_vs_greedy_low"] < fields["speedup_vs_greedy_high"]  # prompts differ: a real interval
+    assert fields["acceptance_rate"] == pytest.approx(13 / 22)
+    assert fields["speedup_vs_greedy_n"] == fields["acceptance_rate_n"] == 3  # prompts, not prompts x repeats
+    assert interval_fields(method, greedy, seed=7) == fields  # seeded
+    no_drafts = interval_fields(greedy, greedy)
+    assert no_drafts["speedup_vs_greedy"] == no_drafts["speedup_vs_greedy_high"] == pytest.approx(1.0)
+    assert no_drafts["acceptance_rate"] is None and no_drafts["acceptance_rate_n"] is None
 
 
 def test_write_results_csv_and_json_parse(rows, tmp_path):
@@ -97,8 +130,10 @@ def test_write_results_csv_and_json_parse(rows, tmp_path):
 
 
 def test_interleaved_results_have_one_result_per_repeat_and_prompt(tiny_model):
-    methods = {BASELINE: build_method(BASELINE, tiny_model), "ss": build_method(
-        "self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 2})}
+    methods = {
+        BASELINE: build_method(BASELINE, tiny_model),
+        "ss": build_method("self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 2}),
+    }
     results = run_interleaved(methods, prompts(), 5, StopRule(), repeats=3, progress=False)
     assert {label: [len(r) for r in runs] for label, runs in results.items()} == {BASELINE: [2, 2, 2], "ss": [2, 2, 2]}
     assert results["ss"][2][1].tokens == results[BASELINE][0][1].tokens
@@ -125,9 +160,22 @@ def test_pipeline_fails_with_one_line_naming_the_missing_model(tmp_path):
     path.write_text(json.dumps(config))
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
-        [sys.executable, str(root / "pipelines" / "bench_decoding.py"), "--config", str(path),
-         "--models-dir", str(tmp_path / "models"), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, cwd=root, timeout=120,
+        [
+            sys.executable,
+            str(root / "pipelines" / "bench_decoding.py"),
+            "--config",
+            str(path),
+            "--models-dir",
+            str(tmp_path / "models"),
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [

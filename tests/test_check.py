@@ -231,10 +231,14 @@ def test_check_cli_writes_markdown_and_json(tmp_path: Path) -> None:
     code, out = _cli(tmp_path, FIXTURES)
     assert code == 0  # misses and incomparable rows are results, not failures
     report = json.loads((out / "check.json").read_text())
-    assert sum(report["summary"].values()) == len(report["verdicts"])
+    assert sum(report["summary"].values()) == len(report["verdicts"]) + len(report["claims"])
+    assert sum(report["summary_claims"].values()) == len(report["claims"]) > 0
+    assert sum(report["summary_figures"].values()) == len(report["verdicts"])
     assert {key.split("/")[0] for key in report["headline"]} == set(HEADLINES)
+    claim_ids = {c.id for paper in PAPERS for c in paper.claims}
+    assert {c["claim"] for c in report["claims"]} == claim_ids  # every claim gets at least one verdict
     markdown = (out / "check.md").read_text()
-    assert "## Headline figures" in markdown
+    assert markdown.index("## Claims") < markdown.index("## Published figures") < markdown.index("### Headline")
     assert "| `ls-t6-llama-1.5b-topv2-self-spec-e6` ★ |" in markdown
     assert "**not comparable** | hardware: paper on H100 (GPU)" in markdown
 

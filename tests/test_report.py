@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import runpy
 import shutil
@@ -13,9 +14,10 @@ import pytest
 
 from exitbench.errors import ExitbenchError
 from exitbench.replications import load_replications
-from exitbench.report.plots import renumber_clip_ids, write_plots
+from exitbench.report.plots import heatmap_label, renumber_clip_ids, write_plots
 from exitbench.report.results import load_results
 from exitbench.report.tables import calibration_section, render_readme, write_text_outputs
+from exitbench.stats import Interval
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "results"
@@ -77,35 +79,85 @@ def test_fixture_field_names_and_documented_names_both_load(results_copy: Path) 
     assert after.calibrations[0].rows[0].quality_vs_greedy == 0.5 and after.calibrations[0].consistency is None
 
 
+def eval_part(readme: str, task: str) -> str:
+    """One task's block of the per-task quality/speed section."""
+    section = readme.split("## Quality, speed and exactness per task", 1)[1].split("\n## ", 1)[0]
+    return section.split(f"### {task}", 1)[1].split("### ", 1)[0]
+
+
 def test_readme_eval_table_rows(tmp_path: Path) -> None:
+    """Summaries without intervals (written before evaluate stored them): each number with its n, no brackets."""
     readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
-    topv2 = readme.split("### topv2", 1)[1].split("### ", 1)[0]
+    topv2 = eval_part(readme, "topv2")
     assert (
         "| method | options | exact_match | ms/token | speed-up | acceptance | tokens/round | ideal fraction | failed "
         "| exactness |" in topv2
     )
-    assert "| self_speculative | E=8 d=2 | 0.620 | 14.10 | 1.52x | 71.0% | 2.30 | 0.62 | 0 | exact (10/10) |" in topv2
-    early = "| early_exit | E=15 | 0.440 | 9.80 | 2.18x | – | – | – | 0 | lossy: 9/10 differ, 1st divergence ~3 |"
+    assert (
+        table_row(
+            "self_speculative",
+            "E=8 d=2",
+            "0.620 (n=10)",
+            "14.10",
+            "1.52x (n=10)",
+            "71.0% (n=10)",
+            "2.30",
+            "0.62",
+            "0",
+            "exact (10/10)",
+        )
+        in topv2
+    )
+    early = table_row(
+        "early_exit",
+        "E=15",
+        "0.440 (n=10)",
+        "9.80",
+        "2.18x (n=10)",
+        "–",
+        "–",
+        "–",
+        "0",
+        "lossy: 9/10 differ, 1st divergence ~3",
+    )
     assert early in topv2
-    assert "| self_speculative | E=8 d=2 | 0.558 | 26.00 | 0.81x | 18.0% |" in topv2  # base model: a slow-down
+    assert "| self_speculative | E=8 d=2 | 0.558 (n=10) | 26.00 | 0.81x (n=10) | 18.0% (n=10) |" in topv2  # slower
     # provenance line: model, dtype, samples, hardware, threads, commit, date, command
-    assert ("model `layerskip` · float32 · 10 samples · AMD EPYC 7R13 Processor · 16 threads · commit `0123456789ab` "
-            "· 2026-12-02T14:00:00+00:00 · `evaluate.py --config build/config/evaluate.json`") in topv2
-    assert "| self_speculative | 0.700 | 0.550 |" in topv2  # per-domain exact match
+    assert (
+        "model `layerskip` · float32 · 10 samples · AMD EPYC 7R13 Processor · 16 threads · commit `0123456789ab` "
+        "· 2026-12-02T14:00:00+00:00 · `evaluate.py --config build/config/evaluate.json`"
+    ) in topv2
+    assert "| self_speculative | 0.700 (n=?) | 0.550 (n=?) |" in topv2  # per-domain: no counts stored
     assert "layerskip Table 6: Llama 1.5B, H100, E6 d8 · self_speculative **2.00x**" in topv2
-    cnndm = readme.split("### cnndm", 1)[1].split("### ", 1)[0]
+    cnndm = eval_part(readme, "cnndm")
     assert "| method | options | rouge2 | rouge1 | rougeL |" in cnndm  # primary metric first
     assert "`python pipelines/use_profile.py cpu && dvc repro`" in readme
 
 
 def test_readme_other_sections(tmp_path: Path) -> None:
     readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
-    assert "- best for `layerskip` (float32): self_speculative E=15 d=1 → **1.16x**" in readme
+    assert "- best for `layerskip` (float32): self_speculative E=15 d=1 → **1.16x (n=4)**" in readme
+    assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | 1.16x (n=4) | 76.0% (n=4) |" in readme
     assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 |" in readme
     assert "| topv2 | layerskip | 0.32 | 0.79 | 0.97 | 1.00 |" in readme  # probe at layers 8, 15, 22, 30
     assert "| text | model | layer 8 | layer 15 | layer 22 | layer 30 |" in readme
-    assert table_row("layerskip", "0.10", "propagate", "softmax", "0.70", "yes", "0.054", "0.059", "yes", "26.4",
-                     "1.66x", "0.095 / 0.100") in readme
+    assert (
+        table_row(
+            "layerskip",
+            "0.10",
+            "propagate",
+            "softmax",
+            "0.70",
+            "yes",
+            "0.054",
+            "0.059",
+            "yes",
+            "26.4",
+            "1.66x",
+            "0.095 / 0.100",
+        )
+        in readme
+    )
     assert "| curriculum | rotational | gradual |" in readme  # ours vs the paper's TOPv2 recipe
     assert "| ls-t6-llama-1.5b-topv2-self-spec-e6 | llama-1.5b |" in readme  # cost-model prediction
 
@@ -116,21 +168,49 @@ def table_row(*cells: str) -> str:
 
 def synthetic_calibration(model: str) -> dict:
     """A calibrate-stage file: certified, uncertified (too few rows), a test-risk violation, no speed-up."""
+
     def row(task: str, delta: float, kv: str, **changes) -> dict:
-        base = {"task": task, "measure": "softmax", "kv_strategy": kv, "delta": delta, "epsilon": 0.05,
-                "threshold": 0.7, "threshold_index": 1, "certified": True, "calibration_mean_risk": 0.05,
-                "test_risk": 0.04, "risk_ok": True, "avg_exit_layer": 20.5, "speedup_vs_greedy": 1.25,
-                "quality": {"metric": "exact_match", "calm": 0.4, "greedy": 0.5},
-                "num_calibration": 12, "min_num_calibration": 9, "num_test": 3}
+        base = {
+            "task": task,
+            "measure": "softmax",
+            "kv_strategy": kv,
+            "delta": delta,
+            "epsilon": 0.05,
+            "threshold": 0.7,
+            "threshold_index": 1,
+            "certified": True,
+            "calibration_mean_risk": 0.05,
+            "test_risk": 0.04,
+            "risk_ok": True,
+            "avg_exit_layer": 20.5,
+            "speedup_vs_greedy": 1.25,
+            "quality": {"metric": "exact_match", "calm": 0.4, "greedy": 0.5},
+            "num_calibration": 12,
+            "min_num_calibration": 9,
+            "num_test": 3,
+        }
         return {**base, **changes}
 
     return {
-        "model": model, "num_layers": 30, "risk": "textual", "speedup_measures": "decode phase only",
+        "model": model,
+        "num_layers": 30,
+        "risk": "textual",
+        "speedup_measures": "decode phase only",
         "results": [
             row("topv2", 0.3, "propagate"),
-            row("topv2", 0.1, "recompute", threshold=1.0, threshold_index=-1, certified=False,
-                calibration_mean_risk=0.0, test_risk=0.0, avg_exit_layer=30.0, speedup_vs_greedy=0.97,
-                min_num_calibration=29),
+            row(
+                "topv2",
+                0.1,
+                "recompute",
+                threshold=1.0,
+                threshold_index=-1,
+                certified=False,
+                calibration_mean_risk=0.0,
+                test_risk=0.0,
+                avg_exit_layer=30.0,
+                speedup_vs_greedy=0.97,
+                min_num_calibration=29,
+            ),
             row("topv2", 0.3, "monotonic", test_risk=0.45, risk_ok=False, speedup_vs_greedy=None),
             row("humaneval", 0.3, "propagate", quality={"metric": "pass@1", "calm": 0.0, "greedy": 0.0}),
         ],
@@ -151,15 +231,46 @@ def test_calibration_table_on_a_synthetic_file(results_copy: Path) -> None:
     certified = ("0.70", "yes", "0.050", "0.040", "yes", "20.5", "1.25x")
     assert table_row("calm", "0.30", "propagate", "softmax", *certified, "0.400 / 0.500") in lines
     assert table_row("calm", "0.30", "propagate", "softmax", *certified, "0.000 / 0.000") in lines  # humaneval
-    assert table_row("layerskip", "0.10", "recompute", "softmax", "fallback λ=1", "no (n=12 < 29)", "0.000", "0.000",
-                     "yes", "30.0", "0.97x", "0.400 / 0.500") in lines
-    assert table_row("layerskip", "0.30", "monotonic", "softmax", "0.70", "yes", "0.050", "0.450", "**no: violation**",
-                     "20.5", "–", "0.400 / 0.500") in lines
+    assert (
+        table_row(
+            "layerskip",
+            "0.10",
+            "recompute",
+            "softmax",
+            "fallback λ=1",
+            "no (n=12 < 29)",
+            "0.000",
+            "0.000",
+            "yes",
+            "30.0",
+            "0.97x",
+            "0.400 / 0.500",
+        )
+        in lines
+    )
+    assert (
+        table_row(
+            "layerskip",
+            "0.30",
+            "monotonic",
+            "softmax",
+            "0.70",
+            "yes",
+            "0.050",
+            "0.450",
+            "**no: violation**",
+            "20.5",
+            "–",
+            "0.400 / 0.500",
+        )
+        in lines
+    )
     header = next(line for line in lines if line.startswith("| model | δ |"))
     assert header.endswith("| quality calm / greedy (pass@1) |")
-    topv2 = lines[lines.index("### topv2"):]
-    assert [line.split(" | ")[0] for line in topv2 if line.startswith("| calm") or line.startswith("| layerskip")] == \
-        ["| calm"] * 3 + ["| layerskip"] * 3  # sorted by model, then δ, then KV strategy
+    topv2 = lines[lines.index("### topv2") :]
+    assert [line.split(" | ")[0] for line in topv2 if line.startswith("| calm") or line.startswith("| layerskip")] == [
+        "| calm"
+    ] * 3 + ["| layerskip"] * 3  # sorted by model, then δ, then KV strategy
     row = load_results(results_copy).calibrations[0].rows[1]
     assert row.certified is False and row.quality_metric == "exact_match" and row.quality_vs_greedy == 0.8
 
@@ -177,14 +288,35 @@ def test_missing_optional_stages_say_not_run(results_copy: Path, tmp_path: Path)
 def test_text_outputs_csv_and_metrics(tmp_path: Path) -> None:
     written = write_text_outputs(load_results(FIXTURES), PAPERS, tmp_path, "cpu", [])
     names = {p.relative_to(tmp_path).as_posix() for p in written}
-    assert {"README.md", "metrics.json", "tables/eval.csv", "tables/sweep.csv", "tables/probe.csv",
-            "tables/calibrate.csv", "tables/predicted_vs_reported.csv", "tables/paper_rows.csv"} <= names
+    assert {
+        "README.md",
+        "metrics.json",
+        "tables/eval.csv",
+        "tables/sweep.csv",
+        "tables/probe.csv",
+        "tables/calibrate.csv",
+        "tables/predicted_vs_reported.csv",
+        "tables/paper_rows.csv",
+    } <= names
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     entry = metrics["eval"]["layerskip/topv2/self_speculative"]
-    assert entry == {"speedup": round(21.4 / 14.1, 4), "ms_per_token": 14.1, "acceptance": 0.71, "exact_match": 0.62}
+    assert entry == {
+        "speedup": round(21.4 / 14.1, 4),
+        "speedup_n": 10,
+        "ms_per_token": 14.1,
+        "acceptance": 0.71,
+        "acceptance_n": 10,
+        "exact_match": 0.62,
+        "exact_match_n": 10,
+        "mismatch_rate": 0.0,
+        "mismatch_rate_n": 10,
+    }  # no intervals stored: no _low/_high keys
     assert metrics["sweep"]["layerskip/float32"]["best_exit_layer"] == 15
     header = (tmp_path / "tables" / "eval.csv").read_text().splitlines()[0]
-    assert header.startswith("model,task,method,options,dtype,num_samples,num_failed,quality_exact_match")
+    assert header.startswith(
+        "model,task,method,base_method,options,dtype,num_samples,num_failed,quality_exact_match,"
+        "quality_exact_match_low,quality_exact_match_high,quality_exact_match_n"
+    )
 
 
 def test_malformed_result_file_is_one_clear_error(results_copy: Path) -> None:
@@ -201,12 +333,18 @@ def test_malformed_result_file_is_one_clear_error(results_copy: Path) -> None:
     ("relative", "change", "expected"),
     [
         ("eval/base/topv2/early_exit.json", lambda d: d.pop("correctness"), "'correctness' is missing"),
-        ("eval/base/topv2/early_exit.json", lambda d: d.update(method="self_speculative"),
-         "the path says 'early_exit'"),
+        (
+            "eval/base/topv2/early_exit.json",
+            lambda d: d.update(method="self_speculative"),
+            "the path says 'early_exit'",
+        ),
         ("bench/sweep.json", lambda d: d["rows"][3].update(acceptance_rate=1.7), "'rows.3.acceptance_rate'"),
         ("probe/base.json", lambda d: d["texts"]["code"].update(confidence=[0.5]), "confidence has 1 layers"),
-        ("cost_model/cpu-float32.json", lambda d: d["shapes"]["llama2-7b"]["c_verify"].update({"8-12": 0.8}),
-         "keys must be 'E,d'"),
+        (
+            "cost_model/cpu-float32.json",
+            lambda d: d["shapes"]["llama2-7b"]["c_verify"].update({"8-12": 0.8}),
+            "keys must be 'E,d'",
+        ),
         ("calibrate/layerskip.json", lambda d: d["curves"][0].update(risk=[0.1]), "risk has 1 values"),
     ],
 )
@@ -229,9 +367,16 @@ def test_invalid_json_and_missing_directory(results_copy: Path, tmp_path: Path) 
 def test_plots_are_written_as_png_and_svg(tmp_path: Path) -> None:
     files = write_plots(load_results(FIXTURES), PAPERS, tmp_path)
     pngs = sorted(p.name for p in files if p.suffix == ".png")
-    assert pngs == ["acceptance_vs_exit.png", "calm_cnndm.png", "calm_topv2.png", "readability.png",
-                    "speedup_vs_quality_cnndm.png", "speedup_vs_quality_humaneval.png",
-                    "speedup_vs_quality_topv2.png", "sweep_heatmap.png"]
+    assert pngs == [
+        "acceptance_vs_exit.png",
+        "calm_cnndm.png",
+        "calm_topv2.png",
+        "readability.png",
+        "speedup_vs_quality_cnndm.png",
+        "speedup_vs_quality_humaneval.png",
+        "speedup_vs_quality_topv2.png",
+        "sweep_heatmap.png",
+    ]
     for path in files:
         assert path.exists() and path.stat().st_size > 0
         if path.suffix == ".png":
@@ -239,9 +384,13 @@ def test_plots_are_written_as_png_and_svg(tmp_path: Path) -> None:
             assert path.with_suffix(".svg").exists()
     data = {p.name: p.read_text().splitlines()[0] for p in files if p.suffix == ".csv"}
     assert data == {
-        "speedup_vs_quality.csv": "source,task,model,method,config,quality_metric,quality,speedup",
-        "sweep_speedup.csv": "model,dtype,method,exit_layer,num_speculations,speedup_vs_greedy",
-        "acceptance_vs_exit.csv": "model,method,dtype,num_speculations,exit_layer,acceptance_rate",
+        "speedup_vs_quality.csv": "source,task,model,method,config,quality_metric,quality,quality_low,quality_high,"
+        "quality_n,speedup,speedup_low,speedup_high,speedup_n",
+        "sweep_speedup.csv": "model,dtype,method,exit_layer,num_speculations,speedup_vs_greedy,speedup_vs_greedy_low,"
+        "speedup_vs_greedy_high,speedup_vs_greedy_n,acceptance_rate,acceptance_rate_low,acceptance_rate_high,"
+        "acceptance_rate_n",
+        "acceptance_vs_exit.csv": "model,method,dtype,num_speculations,exit_layer,acceptance_rate,acceptance_rate_low,"
+        "acceptance_rate_high,acceptance_rate_n",
         "readability.csv": "model,text,layer,agreement",
         "calm_threshold.csv": "model,task,measure,kv_strategy,threshold,risk,speedup",
     }
@@ -264,8 +413,10 @@ def test_report_cli(results_copy: Path, tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_report_package_never_imports_torch() -> None:
-    code = ("import sys, exitbench.report.plots, exitbench.report.check, exitbench.report.tables; "
-            "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)")
+    code = (
+        "import sys, exitbench.report.plots, exitbench.report.check, exitbench.report.tables; "
+        "sys.exit(1 if 'torch' in sys.modules or 'transformers' in sys.modules else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
 
 
@@ -293,3 +444,300 @@ def test_clip_ids_are_renumbered_in_order_of_use() -> None:
     assert renumber_clip_ids(run_a) == renumber_clip_ids(run_b) == expected
     glyphs = '<path id="DejaVuSans-41"/><image id="image1bb7e569fd"/>'  # content-derived ids stay
     assert renumber_clip_ids(glyphs) == glyphs
+
+
+# ------------------------------------------------------------------------------------------ intervals + control
+
+
+def interval(estimate: float, low: float, high: float, n: int) -> dict:
+    return Interval(estimate, low, high, n).to_dict()
+
+
+def add_contract_fields(root: Path) -> None:
+    """Give ``layerskip/topv2`` the evaluate stage's intervals, sample ids and sample block (the contract), and an
+    exit-layer instance ``early_exit@8``."""
+    topv2 = root / "eval" / "layerskip" / "topv2"
+    sample = {"seed": 1234, "strategy": "stratified", "num_samples": 10, "strata": {"alarm": 5, "weather": 5}}
+
+    def greedy(d: dict) -> None:
+        d["quality"]["per_domain"]["music"] = 0.5  # a domain only this result has
+        d.update(
+            sample_ids=[str(i) for i in range(10)],
+            sample=sample,
+            intervals={
+                "exact_match": interval(0.62, 0.4, 0.8, 10),
+                "per_domain/alarm": interval(0.7, 0.4, 0.9, 5),
+                "per_domain/weather": interval(0.55, 0.2, 0.8, 5),
+                "per_domain/music": interval(0.5, 0.1, 0.9, 2),
+                "speedup_vs_greedy": interval(1.0, 1.0, 1.0, 10),
+                "mismatch_rate": interval(0.0, 0.0, 0.0, 10),
+            },
+        )
+
+    def early(d: dict) -> None:
+        d.update(
+            sample=sample,
+            intervals={
+                "exact_match": interval(0.44, 0.2, 0.65, 10),
+                "speedup_vs_greedy": interval(2.18, 2.05, 2.31, 10),
+                "mismatch_rate": interval(0.9, 0.7, 1.0, 10),
+            },
+        )
+
+    def speculative(d: dict) -> None:
+        d.update(
+            sample=sample,
+            intervals={
+                "exact_match": interval(0.62, 0.4, 0.8, 10),
+                "speedup_vs_greedy": interval(1.5177, 1.31, 1.74, 10),
+                "acceptance_rate": interval(0.71, 0.64, 0.775, 10),
+            },
+        )
+
+    _edit(topv2 / "autoregressive.json", greedy)
+    _edit(topv2 / "early_exit.json", early)
+    _edit(topv2 / "self_speculative.json", speculative)
+    instance = json.loads((topv2 / "early_exit.json").read_text())
+    instance.update(
+        method="early_exit@8",
+        base_method="early_exit",
+        options={"exit_layer": 8},
+        quality={"exact_match": 0.2},
+        intervals={"exact_match": interval(0.2, 0.05, 0.4, 10)},
+    )
+    (topv2 / "early_exit@8.json").write_text(json.dumps(instance))
+
+
+def add_control(root: Path) -> None:
+    """A ``plain`` model on topv2 (layerskip's files, other numbers, no intervals) and its probe."""
+    shutil.copytree(root / "eval" / "layerskip" / "topv2", root / "eval" / "plain" / "topv2")
+    for path in (root / "eval" / "plain" / "topv2").glob("*.json"):
+        _edit(path, lambda d: d.update(model="plain", intervals={}))
+    plain = root / "eval" / "plain" / "topv2"
+    (plain / "early_exit@8.json").unlink()
+    _edit(plain / "autoregressive.json", lambda d: d["quality"].update(exact_match=0.6))
+    _edit(plain / "early_exit.json", lambda d: d["quality"].update(exact_match=0.1))
+    _edit(plain / "self_speculative.json", lambda d: d["speed"].update(acceptance_rate=0.2))
+    probe = json.loads((root / "probe" / "layerskip.json").read_text())
+    probe["model"] = "plain"
+    probe["texts"]["topv2"]["top1_agreement"] = [0.05] * 30
+    (root / "probe" / "plain.json").write_text(json.dumps(probe))
+
+
+def test_intervals_render_in_the_markdown_tables(results_copy: Path, tmp_path: Path) -> None:
+    add_contract_fields(results_copy)
+    topv2 = eval_part(render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path), "topv2")
+    assert (
+        table_row(
+            "self_speculative",
+            "E=8 d=2",
+            "0.620 [0.400, 0.800] (n=10)",
+            "14.10",
+            "1.52x [1.31, 1.74] (n=10)",
+            "71.0% [64.0, 77.5] (n=10)",
+            "2.30",
+            "0.62",
+            "0",
+            "exact (10/10)",
+        )
+        in topv2
+    )
+    assert (
+        table_row(
+            "early_exit",
+            "E=15",
+            "0.440 [0.200, 0.650] (n=10)",
+            "9.80",
+            "2.18x [2.05, 2.31] (n=10)",
+            "–",
+            "–",
+            "–",
+            "0",
+            "lossy: 9/10 differ (90.0% [70.0, 100.0]), 1st divergence ~3",
+        )
+        in topv2
+    )
+    assert "| early_exit@8 | E=8 | 0.200 [0.050, 0.400] (n=10) |" in topv2  # an instance label (base_method)
+    layerskip = topv2.split("model `layerskip`", 1)[1].split("Per-domain", 1)[0]
+    order = [line.split(" | ")[0].lstrip("| ") for line in layerskip.splitlines() if line.startswith("| early_exit")]
+    assert order == ["early_exit@8", "early_exit"]  # instances of one method sorted by exit layer
+    # TOPv2 per domain: every domain of any result, each cell with interval and n (strata where no interval)
+    assert "| method | alarm | music | weather |" in topv2
+    assert (
+        table_row(
+            "autoregressive", "0.700 [0.400, 0.900] (n=5)", "0.500 [0.100, 0.900] (n=2)", "0.550 [0.200, 0.800] (n=5)"
+        )
+        in topv2
+    )
+    assert table_row("early_exit", "0.497 (n=5)", "–", "0.391 (n=5)") in topv2
+
+
+def test_intervals_in_csv_and_metrics_json(results_copy: Path, tmp_path: Path) -> None:
+    add_contract_fields(results_copy)
+    write_text_outputs(load_results(results_copy), PAPERS, tmp_path, "cpu", [])
+    with (tmp_path / "tables" / "eval.csv").open() as handle:
+        rows = {(r["model"], r["task"], r["method"]): r for r in csv.DictReader(handle)}
+    speculative = rows[("layerskip", "topv2", "self_speculative")]
+    assert (
+        speculative["quality_exact_match"],
+        speculative["quality_exact_match_low"],
+        speculative["quality_exact_match_high"],
+        speculative["quality_exact_match_n"],
+    ) == ("0.62", "0.4", "0.8", "10")
+    assert (speculative["speedup_vs_greedy_low"], speculative["speedup_vs_greedy_high"]) == ("1.31", "1.74")
+    assert (speculative["acceptance_rate_low"], speculative["acceptance_rate_high"]) == ("0.64", "0.775")
+    early = rows[("layerskip", "topv2", "early_exit")]
+    assert (early["mismatch_rate_low"], early["mismatch_rate_high"], early["mismatch_rate_n"]) == ("0.7", "1.0", "10")
+    assert rows[("layerskip", "topv2", "early_exit@8")]["base_method"] == "early_exit"
+    old = rows[("base", "topv2", "self_speculative")]  # no intervals stored: empty bounds, n still given
+    assert old["quality_exact_match_low"] == "" and old["quality_exact_match_n"] == "10"
+    with (tmp_path / "tables" / "per_domain.csv").open() as handle:
+        domains = [r for r in csv.DictReader(handle) if (r["model"], r["method"]) == ("layerskip", "autoregressive")]
+    assert [(r["domain"], r["exact_match_low"], r["exact_match_n"]) for r in domains] == [
+        ("alarm", "0.4", "5"),
+        ("music", "0.1", "2"),
+        ("weather", "0.2", "5"),
+    ]
+    entry = json.loads((tmp_path / "metrics.json").read_text())["eval"]["layerskip/topv2/self_speculative"]
+    assert entry["speedup_low"] == 1.31 and entry["speedup_high"] == 1.74 and entry["speedup_n"] == 10
+    assert entry["acceptance_low"] == 0.64 and entry["exact_match_high"] == 0.8 and entry["exact_match_n"] == 10
+
+
+def test_comparison_of_plain_and_layerskip(results_copy: Path, tmp_path: Path) -> None:
+    add_contract_fields(results_copy)
+    add_control(results_copy)
+    written = write_text_outputs(load_results(results_copy), PAPERS, tmp_path, "cpu", [])
+    readme = (tmp_path / "README.md").read_text()
+    section = readme.split("## plain vs layerskip (vs calm)", 1)[1].split("\n## ", 1)[0]
+    assert (
+        "`plain` is the control: the same finetune as `layerskip` (same data, steps, optimizer and seed) without "
+        "layer dropout and with the loss on the last layer only" in section
+    )
+    topv2 = section.split("### topv2", 1)[1]
+    assert "|  | `plain` | `layerskip` |" in topv2  # calm has no results: no column
+    assert table_row("last layer: exact_match", "0.600 (n=10)", "0.620 [0.400, 0.800] (n=10)") in topv2
+    assert table_row("early exit E=8: exact_match", "–", "0.200 [0.050, 0.400] (n=10)") in topv2
+    assert table_row("early exit E=15: exact_match", "0.100 (n=10)", "0.440 [0.200, 0.650] (n=10)") in topv2
+    # fraction of the same model's last layer: 0.1/0.6 and 0.4402/0.62, with [0.2/0.8, 0.65/0.4] where both intervals
+    assert (
+        table_row("early exit E=15 / last layer (≥90% interval)", "0.167 (n=10)", "0.710 [0.250, 1.625] (n=10)")
+        in topv2
+    )
+    assert (
+        table_row(
+            "agreement with the last layer at layer 8",
+            "0.050 (n=1 text, 256 positions of `topv2`)",
+            "0.321 (n=1 text, 256 positions of `topv2`)",
+        )
+        in topv2
+    )
+    assert table_row("self-speculative acceptance (E=8, d=2)", "20.0% (n=10)", "71.0% [64.0, 77.5] (n=10)") in topv2
+    assert "cannot separate" not in section  # the control is present
+    assert tmp_path / "tables" / "compare.csv" in written
+    with (tmp_path / "tables" / "compare.csv").open() as handle:
+        cells = list(csv.DictReader(handle))
+    fraction = next(
+        c
+        for c in cells
+        if (c["task"], c["model"], c["quantity"], c["exit_layer"])
+        == ("topv2", "layerskip", "early_exit_fraction_of_last_layer", "15")
+    )
+    assert float(fraction["estimate"]) == pytest.approx(0.4402 / 0.62)
+    assert (float(fraction["low"]), float(fraction["high"]), fraction["n"], fraction["confidence"]) == (
+        pytest.approx(0.25),
+        pytest.approx(1.625),
+        "10",
+        "0.9",
+    )
+    assert {c["model"] for c in cells if c["task"] == "topv2"} == {"plain", "layerskip"}
+
+
+def test_comparison_without_the_control_says_so(tmp_path: Path) -> None:
+    readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
+    section = readme.split("## plain vs layerskip (vs calm)", 1)[1].split("\n## ", 1)[0]
+    assert "_`plain` has no results in this run, so these tables cannot separate" in section
+    assert "|  | `layerskip` |" in section and "`base`" not in section
+    assert table_row("early exit E=15 / last layer (≥90% interval)", "0.710 (n=10)") in section  # no intervals
+
+
+def test_exact_method_timed_on_fewer_samples_reports_greedys_quality(results_copy: Path, tmp_path: Path) -> None:
+    add_contract_fields(results_copy)
+    _edit(
+        results_copy / "eval" / "layerskip" / "topv2" / "self_speculative.json",
+        lambda d: d.update(
+            quality={},
+            quality_from="autoregressive (exact method; measured on the timing sample of 4)",
+            num_samples=4,
+            intervals={"speedup_vs_greedy": interval(1.5177, 1.2, 1.9, 4)},
+        ),
+    )
+    topv2 = eval_part(render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path), "topv2")
+    assert "| self_speculative † | E=8 d=2 | 0.620 [0.400, 0.800] (n=10) | 14.10 | 1.52x [1.20, 1.90] (n=4) |" in topv2
+    assert "its quality is `autoregressive`'s (n=10) by construction" in topv2
+    assert (
+        table_row(
+            "self_speculative", "0.700 [0.400, 0.900] (n=5)", "0.500 [0.100, 0.900] (n=2)", "0.550 [0.200, 0.800] (n=5)"
+        )
+        in topv2
+    )  # per domain too
+
+
+def sweep_with_intervals(root: Path) -> None:
+    def change(d: dict) -> None:
+        for row in d["rows"]:
+            row.update(
+                speedup_vs_greedy_low=row["speedup_vs_greedy"] - 0.1,
+                speedup_vs_greedy_high=row["speedup_vs_greedy"] + 0.1,
+                speedup_vs_greedy_n=4,
+            )
+            if row["acceptance_rate"] is not None:
+                row.update(
+                    acceptance_rate_low=row["acceptance_rate"] - 0.05,
+                    acceptance_rate_high=row["acceptance_rate"] + 0.05,
+                    acceptance_rate_n=4,
+                )
+
+    _edit(root / "bench" / "sweep.json", change)
+
+
+def test_sweep_intervals_in_table_csv_heatmap_and_metrics(results_copy: Path, tmp_path: Path) -> None:
+    sweep_with_intervals(results_copy)
+    results = load_results(results_copy)
+    written = write_text_outputs(results, PAPERS, tmp_path, "cpu", [])
+    readme = (tmp_path / "README.md").read_text()
+    assert (
+        "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | 1.16x [1.06, 1.26] (n=4) | "
+        "76.0% [71.0, 81.0] (n=4) |" in readme
+    )
+    assert "→ **1.16x [1.06, 1.26] (n=4)**" in readme
+    best = json.loads((tmp_path / "metrics.json").read_text())["sweep"]["layerskip/float32"]
+    assert (
+        best["best_speedup_low"] == pytest.approx(best["best_speedup"] - 0.1, abs=1e-4)
+        and best["best_acceptance_n"] == 4
+    )
+    with next(p for p in written if p.name == "sweep.csv").open() as handle:
+        row = next(r for r in csv.DictReader(handle) if r["method"] == "self_speculative" and r["model"] == "layerskip")
+    assert row["speedup_vs_greedy_low"] and row["acceptance_rate_high"] and row["acceptance_rate_n"] == "4"
+    label = heatmap_label(
+        next(r for r in results.sweep.rows if r.exit_layer == 15 and r.num_speculations == 1 and r.model == "layerskip")
+    )
+    assert label == "1.16x [1.06, 1.26]\nacc 76% [71, 81]"
+
+
+def test_plots_carry_error_bar_data(results_copy: Path, tmp_path: Path) -> None:
+    add_contract_fields(results_copy)
+    sweep_with_intervals(results_copy)
+    files = write_plots(load_results(results_copy), PAPERS, tmp_path)
+    with (tmp_path / "data" / "speedup_vs_quality.csv").open() as handle:
+        points = [
+            r
+            for r in csv.DictReader(handle)
+            if (r["source"], r["task"], r["model"], r["method"]) == ("ours", "topv2", "layerskip", "early_exit")
+        ]
+    assert [(p["quality_low"], p["quality_high"], p["speedup_low"], p["speedup_high"]) for p in points] == [
+        ("0.2", "0.65", "2.05", "2.31")
+    ]
+    with (tmp_path / "data" / "acceptance_vs_exit.csv").open() as handle:
+        accepted = [r for r in csv.DictReader(handle) if r["model"] == "layerskip"]
+    assert accepted and all(float(r["acceptance_rate_low"]) < float(r["acceptance_rate"]) for r in accepted)
+    assert any(p.name == "speedup_vs_quality_topv2.png" for p in files)

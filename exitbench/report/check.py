@@ -11,7 +11,11 @@ threshold of the same task and confidence measure) give one verdict per measured
   ratio are still shown, with the reason;
 - ``not measured``: no result for that task/method in this profile (or an ablation exitbench does not run).
 
-A scientific miss is a result, not a failure: the check only raises for broken inputs.
+Those absolute figures are rarely comparable on other hardware. The replication files' ``claims`` (a
+trend over relative depth, a ratio within one model, exactness, a guarantee) are judged by
+:mod:`exitbench.report.claims` with an interval against a tolerance band, adding ``inconclusive`` (our
+interval straddles an edge of the band); this module holds their record (:class:`ClaimVerdict`) and writes
+both tables. A scientific miss is a result, not a failure: the check only raises for broken inputs.
 """
 
 from __future__ import annotations
@@ -19,18 +23,21 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from exitbench.replications import Paper, Row, Setting, short_name
+from exitbench.replications import CLAIM_KINDS, Paper, Row, Setting, short_name
 from exitbench.report.results import Calibration, CalibrationRow, EvalResult, Provenance, Results
+from exitbench.stats import Interval
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
+INCONCLUSIVE = "inconclusive"
 NOT_COMPARABLE = "not comparable"
 NOT_MEASURED = "not measured"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_COMPARABLE, NOT_MEASURED)
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_COMPARABLE, NOT_MEASURED)
 
 SIZE_FACTOR = 1.5  # models within this factor of the paper's parameter count count as the same size
 _EDGE = 1e-9  # floating-point slack so that exactly-at-tolerance is reproduced
@@ -74,6 +81,55 @@ class Verdict:
     our_source: str
     reasons: tuple[str, ...]
     notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Band:
+    """The paper's side of a claim: ``[low, high]`` (``low`` excluded when ``open_low``); infinite ends allowed."""
+
+    low: float
+    high: float
+    open_low: bool = False
+
+    def describe(self, digits: int = 3) -> str:
+        def g(x: float) -> str:
+            return f"{x:.{digits}g}"
+
+        if math.isinf(self.low):
+            return f"≤ {g(self.high)}"
+        if math.isinf(self.high):
+            return f"{'>' if self.open_low else '≥'} {g(self.low)}"
+        return f"[{g(self.low)}, {g(self.high)}]"
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """One claim judged on one subject of ours (a model, a configuration, or a paper row for the paper-side
+    rules): our interval against the paper's band."""
+
+    claim_id: str
+    paper: str
+    kind: str
+    statement: str
+    source: str
+    subject: str
+    paper_value: float | None
+    paper_text: str
+    band: Band | None
+    ours: Interval | None
+    tolerance: float
+    tolerance_mode: str
+    verdict: str
+    our_source: str
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def base_method(result: EvalResult) -> str:
+    """The decoding method of an evaluate result: ``base_method`` where recorded, else the label before '@'
+    (``early_exit@8`` is an instance of ``early_exit``)."""
+    recorded = getattr(result, "base_method", None)
+    return recorded if isinstance(recorded, str) and recorded else result.method.split("@", 1)[0]
 
 
 def hardware_kind(device: str) -> str:
@@ -292,7 +348,7 @@ def _check_calm(row: Row, paper: Paper, results: Results, tolerance: float) -> l
 def _check_eval(row: Row, paper: Paper, results: Results, tolerance: float) -> list[Verdict]:
     verdicts = []
     for result in results.evals:
-        if result.task != row.maps_to.task or result.method != row.maps_to.method:
+        if result.task != row.maps_to.task or base_method(result) != row.maps_to.method:
             continue
         setting = our_setting_of_eval(result)
         options = {k: v for k, v in result.options.items() if k in ("exit_layer", "num_speculations")}
@@ -329,7 +385,8 @@ def run_check(papers: tuple[Paper, ...], results: Results, default_tolerance: fl
     return [v for paper in papers for row in paper.rows for v in check_row(row, paper, results, default_tolerance)]
 
 
-def summarize(verdicts: list[Verdict]) -> dict[str, int]:
+def summarize(verdicts: Sequence[Verdict | ClaimVerdict]) -> dict[str, int]:
+    """Counts per verdict name (figures and claims alike)."""
     return {name: sum(v.verdict == name for v in verdicts) for name in VERDICTS}
 
 
@@ -370,15 +427,89 @@ def _verdict_table(verdicts: list[Verdict]) -> list[str]:
     return lines
 
 
+def _g(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
+
+
+def describe_interval(interval: Interval | None) -> str:
+    """'0.718 [0.664, 0.771] n=25' (the bounds left out when the interval is a point)."""
+    if interval is None:
+        return "–"
+    text = _g(interval.estimate)
+    if interval.low != interval.high:
+        text += f" [{_g(interval.low)}, {_g(interval.high)}]"
+    return f"{text} n={interval.n if interval.n else 'not stated'}"
+
+
+def _tolerance_text(c: ClaimVerdict) -> str:
+    bound = CLAIM_KINDS[c.kind][2] if c.kind in CLAIM_KINDS else "within"
+    if c.tolerance_mode == "relative":
+        return f"±{c.tolerance:.0%}"
+    return {"at_most": f"+{c.tolerance:g} (at most)", "above": f"{c.tolerance:g} (margin)"}.get(
+        bound, f"±{c.tolerance:g}")
+
+
+def _claims_table(claims: Sequence[ClaimVerdict]) -> list[str]:
+    lines = [
+        "| claim | source | paper value | ours (interval, n) | tol. | verdict | note |",
+        "|---|---|---|---|---:|---|---|",
+    ]
+    for c in claims:
+        paper = _cell(c.paper_text) + (f"; band {c.band.describe()}" if c.band is not None else "")
+        note = _cell("; ".join([*c.reasons, *c.notes])) or "–"
+        lines.append(
+            f"| `{c.claim_id}`: {_cell(c.subject)} | {_cell(c.source)} | {paper} | {describe_interval(c.ours)} "
+            f"| {_tolerance_text(c)} | **{c.verdict}** | {note} |"
+        )
+    return lines
+
+
+def _claims_section(claims: Sequence[ClaimVerdict], papers: tuple[Paper, ...]) -> list[str]:
+    counts = summarize(claims)
+    lines = [
+        "## Claims (independent of hardware kind and model size)",
+        "",
+        "**Verdict rules.** Each claim's rule computes our side as an interval (95%: the evaluate summaries' "
+        "intervals, else a paired bootstrap over the shared sample ids of the per-sample records, else two "
+        "intervals combined conservatively; Clopper-Pearson for mismatch counts, Hoeffding for CALM test risks). "
+        "The paper's side is a band read from the replication rows: its value ± tolerance (`within`), "
+        "≤ value + tolerance (`at most`) or > value + tolerance (`above`). `reproduced`: our interval lies inside "
+        "the band (an edge counts as inside). `not reproduced`: it lies entirely outside. `inconclusive`: it "
+        "straddles an edge. `not measured`: the results lack what the claim needs (the reason is given; a "
+        "missing control model is never replaced by another model).",
+        "",
+        "Claims: " + " · ".join(f"{name}: {counts[name]}" for name in VERDICTS),
+        "",
+    ]
+    if not claims:
+        return [*lines, "_No claims in replications/*.yaml._", ""]
+    lines += [*_claims_table(claims), "", "Claim statements:", ""]
+    for paper in papers:
+        for claim in paper.claims:
+            extra = f" _{_cell(' '.join(claim.notes))}_" if claim.notes else ""
+            lines.append(f"- `{claim.id}` ({claim.kind}{', unverified' if claim.unverified else ''}): "
+                         f"{_cell(claim.statement)}{extra}")
+    return [*lines, ""]
+
+
 def render_markdown(
-    verdicts: list[Verdict], papers: tuple[Paper, ...], default_tolerance: float, profile: str
+    verdicts: list[Verdict],
+    papers: tuple[Paper, ...],
+    default_tolerance: float,
+    profile: str,
+    claims: Sequence[ClaimVerdict] = (),
 ) -> str:
-    counts = summarize(verdicts)
+    counts = summarize([*verdicts, *claims])
     lines = [
         "# Replication check",
         "",
         f"Profile `{profile}` · default tolerance ±{default_tolerance:.0%} on speed-up (relative) · "
         "generated by `pipelines/check.py` from `results/` and `replications/*.yaml`.",
+        "",
+        "Summary (claims and figures): " + " · ".join(f"{name}: {counts[name]}" for name in VERDICTS),
+        "",
+        *_claims_section(claims, papers),
+        "## Published figures (absolute)",
         "",
         "**Verdict rules.** `reproduced`: |ours / paper − 1| ≤ tolerance (exactly at the tolerance counts). "
         "`not reproduced`: outside it. `not comparable`: different hardware kind (CPU vs GPU vs TPU), a model "
@@ -386,16 +517,16 @@ def render_markdown(
         "our figure and the ratio are shown anyway. `not measured`: this profile has no result for the row's "
         "task and method. A miss is a result: this check never fails on one. ★ = a figure from the abstract.",
         "",
-        "Summary: " + " · ".join(f"{name}: {counts[name]}" for name in VERDICTS),
+        "Figures: " + " · ".join(f"{name}: {n}" for name, n in summarize(verdicts).items()),
         "",
-        "## Headline figures",
+        "### Headline figures",
         "",
         *_verdict_table([v for v in verdicts if v.headline]),
         "",
     ]
     for paper in papers:
         lines += [
-            f"## {paper.title} ({paper.venue})",
+            f"### {paper.title} ({paper.venue})",
             "",
             f"arXiv:{paper.arxiv}, figures read from {paper.version}.",
             "",
@@ -410,7 +541,7 @@ def render_markdown(
 
 
 def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+    return None if value is None or not math.isfinite(value) else round(value, 4)
 
 
 def _flat(v: Verdict) -> dict[str, Any]:
@@ -421,29 +552,69 @@ def _flat(v: Verdict) -> dict[str, Any]:
     return data
 
 
-def check_json(verdicts: list[Verdict], default_tolerance: float, profile: str) -> dict[str, Any]:
-    """``check.json``: counts and headline comparisons (what ``dvc metrics show`` displays) and every verdict
-    as a list (which ``dvc metrics show`` leaves out). Keys are ``<row id>/<our model>``."""
-    def key(v: Verdict) -> str:
-        return f"{v.row_id}/{v.model or '-'}"
+def _interval_json(interval: Interval | None) -> dict[str, Any] | None:
+    if interval is None:
+        return None
+    return {"estimate": _round(interval.estimate), "low": _round(interval.low), "high": _round(interval.high),
+            "n": interval.n, "confidence": interval.confidence, "method": interval.method}
 
+
+def _claim_json(c: ClaimVerdict) -> dict[str, Any]:
+    band = None if c.band is None else {"low": _round(c.band.low), "high": _round(c.band.high),
+                                        "open_low": c.band.open_low, "text": c.band.describe()}
+    return {
+        "claim": c.claim_id, "paper": c.paper, "kind": c.kind, "subject": c.subject, "source": c.source,
+        "paper_value": _round(c.paper_value), "paper_text": c.paper_text, "band": band,
+        "ours": _interval_json(c.ours), "tolerance": c.tolerance, "tolerance_mode": c.tolerance_mode,
+        "verdict": c.verdict, "our_source": c.our_source, "reasons": "; ".join(c.reasons),
+        "notes": "; ".join(c.notes),
+    }
+
+
+def _keyed(items: Sequence[Any], key: Any, extra: Any) -> dict[str, Any]:
+    """``{key(item): item}``; a key that repeats gets ``/<extra(item)>`` on every one of its items."""
+    keys = [key(item) for item in items]
+    return {(k if keys.count(k) == 1 else f"{k}/{extra(item)}"): item for k, item in zip(keys, items, strict=True)}
+
+
+def check_json(
+    verdicts: list[Verdict], default_tolerance: float, profile: str, claims: Sequence[ClaimVerdict] = ()
+) -> dict[str, Any]:
+    """``check.json``: counts (figures and claims together, then each apart), each claim's verdict keyed
+    ``<claim id>/<subject>`` and the headline comparisons keyed ``<row id>/<our model>`` (what ``dvc metrics
+    show`` displays), then every verdict and claim as lists (which ``dvc metrics show`` leaves out)."""
+    headline = _keyed([v for v in verdicts if v.headline], lambda v: f"{v.row_id}/{v.model or '-'}",
+                      lambda v: Path(v.our_source).stem or "-")
+    claim_items = _keyed(list(claims), lambda c: f"{c.claim_id}/{c.subject}", lambda c: c.our_source or "-")
     return {
         "profile": profile,
         "default_tolerance": default_tolerance,
-        "summary": summarize(verdicts),
-        "headline": {key(v): {"paper": v.reported, "ours": _round(v.ours), "ratio": _round(v.ratio),
-                              "verdict": v.verdict} for v in verdicts if v.headline},
+        "summary": summarize([*verdicts, *claims]),
+        "summary_claims": summarize(claims),
+        "summary_figures": summarize(verdicts),
+        "claim_verdicts": {k: {"verdict": c.verdict, "ours": _round(c.ours.estimate) if c.ours else None,
+                               "low": _round(c.ours.low) if c.ours else None,
+                               "high": _round(c.ours.high) if c.ours else None,
+                               "paper": _round(c.paper_value)} for k, c in claim_items.items()},
+        "headline": {k: {"paper": v.reported, "ours": _round(v.ours), "ratio": _round(v.ratio),
+                         "verdict": v.verdict} for k, v in headline.items()},
+        "claims": [_claim_json(c) for c in claims],
         "verdicts": [_flat(v) for v in verdicts],
     }
 
 
 def write_check(
-    verdicts: list[Verdict], papers: tuple[Paper, ...], out_dir: str | Path, default_tolerance: float, profile: str
+    verdicts: list[Verdict],
+    papers: tuple[Paper, ...],
+    out_dir: str | Path,
+    default_tolerance: float,
+    profile: str,
+    claims: Sequence[ClaimVerdict] = (),
 ) -> tuple[Path, Path]:
     """Write ``check.md`` and ``check.json`` to ``out_dir``; return their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, json_path = out_dir / "check.md", out_dir / "check.json"
-    md_path.write_text(render_markdown(verdicts, papers, default_tolerance, profile) + "\n")
-    json_path.write_text(json.dumps(check_json(verdicts, default_tolerance, profile), indent=2) + "\n")
+    md_path.write_text(render_markdown(verdicts, papers, default_tolerance, profile, claims) + "\n")
+    json_path.write_text(json.dumps(check_json(verdicts, default_tolerance, profile, claims), indent=2) + "\n")
     return md_path, json_path

@@ -20,10 +20,26 @@ from matplotlib.lines import Line2D
 
 from exitbench.replications import Paper, Row
 from exitbench.report.results import EvalResult, Provenance, Results, SweepRow
-from exitbench.report.tables import PRIMARY_METRIC, method_key, write_csv
+from exitbench.report.tables import (
+    PRIMARY_METRIC,
+    Estimate,
+    estimate_columns,
+    method_key,
+    quality_estimate,
+    result_key,
+    speed_estimate,
+    sweep_estimate,
+    write_csv,
+)
 
-MARKERS = {"autoregressive": "o", "early_exit": "v", "self_speculative": "^", "hf_early_exit": "s",
-           "speculative": "P", "calm": "D"}
+MARKERS = {
+    "autoregressive": "o",
+    "early_exit": "v",
+    "self_speculative": "^",
+    "hf_early_exit": "s",
+    "speculative": "P",
+    "calm": "D",
+}
 LINESTYLES = ("-", "--", ":", "-.")
 PAPER_COLOR = "0.15"
 DPI = 150
@@ -125,6 +141,32 @@ def _paper_points(task: str, metric: str, papers: tuple[Paper, ...]) -> list[tup
     return points
 
 
+def _error(estimate: Estimate) -> list[list[float]] | None:
+    """matplotlib's ``[[below], [above]]`` from an estimate's interval (None without one)."""
+    if estimate.interval is None or estimate.value is None:
+        return None
+    return [[max(estimate.value - estimate.interval.low, 0.0)], [max(estimate.interval.high - estimate.value, 0.0)]]
+
+
+def _error_bars(ax: Any, x: Estimate, y: Estimate, color: Any) -> None:
+    """95% interval bars on both axes (where the result stores them)."""
+    xerr, yerr = _error(x), _error(y)
+    if xerr is None and yerr is None:
+        return
+    ax.errorbar(
+        x.value,
+        y.value,
+        xerr=xerr,
+        yerr=yerr,
+        fmt="none",
+        ecolor=color,
+        elinewidth=0.8,
+        capsize=2.5,
+        alpha=0.8,
+        zorder=2,
+    )
+
+
 def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir: Path) -> PlotOutput:
     files: list[Path] = []
     data: list[dict[str, Any]] = []
@@ -132,50 +174,121 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
     for task in results.eval_tasks():
         rows = [r for r in results.evals if r.task == task and r.speed.speedup_vs_greedy is not None]
         metric = x_metric(task, rows, papers)
-        rows = [r for r in rows if metric in r.scalar_quality()]
-        if not rows or metric is None:
+        if metric is None:
+            continue
+        rows = [r for r in rows if quality_estimate(r, metric, results.evals).value is not None]
+        if not rows:
             continue
         fig = _figure(12.5, 5.6)
         ax = fig.add_subplot()
         ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle="--", zorder=0)
         ours = []
-        for r in sorted(rows, key=lambda r: (r.model, method_key(r.method))):
-            x, y = r.scalar_quality()[metric], r.speed.speedup_vs_greedy or 0.0
+        for r in sorted(rows, key=lambda r: (r.model, result_key(r))):
+            quality, speedup = quality_estimate(r, metric, results.evals), speed_estimate(r, "speedup_vs_greedy")
+            x, y = quality.value or 0.0, speedup.value or 0.0
             ours.append((x, y))
-            ax.scatter(x, y, s=70, marker=MARKERS.get(r.method, "o"), color=colors[r.model], edgecolor="black",
-                       linewidth=0.5, zorder=3)
+            _error_bars(ax, quality, speedup, colors[r.model])
+            ax.scatter(
+                x,
+                y,
+                s=70,
+                marker=MARKERS.get(r.family, "o"),
+                color=colors[r.model],
+                edgecolor="black",
+                linewidth=0.5,
+                zorder=3,
+            )
             if r.options:
-                config = " ".join(f"{'E' if k == 'exit_layer' else 'd' if k == 'num_speculations' else k}{v}"
-                                  for k, v in sorted(r.options.items()))
-                ax.annotate(config, (x, y), xytext=(6, -10), textcoords="offset points", fontsize=7,
-                            color=colors[r.model])
-            data.append({"source": "ours", "task": task, "model": r.model, "method": r.method,
-                         "config": " ".join(f"{k}={v}" for k, v in sorted(r.options.items())),
-                         "quality_metric": metric, "quality": x, "speedup": y})
+                config = " ".join(
+                    f"{'E' if k == 'exit_layer' else 'd' if k == 'num_speculations' else k}{v}"
+                    for k, v in sorted(r.options.items())
+                )
+                ax.annotate(
+                    config, (x, y), xytext=(6, -10), textcoords="offset points", fontsize=7, color=colors[r.model]
+                )
+            data.append(
+                {
+                    "source": "ours",
+                    "task": task,
+                    "model": r.model,
+                    "method": r.method,
+                    "config": " ".join(f"{k}={v}" for k, v in sorted(r.options.items())),
+                    "quality_metric": metric,
+                    **estimate_columns("quality", quality),
+                    **estimate_columns("speedup", speedup),
+                }
+            )
         front = _pareto(ours)
         if len(front) > 1:
             ax.plot(*zip(*front, strict=True), color="0.5", linewidth=0.8, linestyle=":", zorder=1)
         paper_points = _paper_points(task, metric, papers)
-        offsets = _label_offsets(ours + [(x, y) for _, _, x, y, _ in paper_points])[len(ours):]
+        offsets = _label_offsets(ours + [(x, y) for _, _, x, y, _ in paper_points])[len(ours) :]
         paper_handles = []
         for number, (paper, row, x, y, derived) in enumerate(paper_points, start=1):
             style = {"marker": "*", "color": PAPER_COLOR, "markerfacecolor": "white" if derived else PAPER_COLOR}
             ax.plot([x], [y], linestyle="", markersize=13, markeredgewidth=1.0, zorder=4, **style)
-            ax.annotate(str(number), (x, y), xytext=offsets[number - 1], textcoords="offset points", fontsize=8,
-                        fontweight="bold", color=PAPER_COLOR, ha="center", va="center")
+            ax.annotate(
+                str(number),
+                (x, y),
+                xytext=offsets[number - 1],
+                textcoords="offset points",
+                fontsize=8,
+                fontweight="bold",
+                color=PAPER_COLOR,
+                ha="center",
+                va="center",
+            )
             table = row.source.table.split(" (")[0].replace("Table ", "T")
             how = "derived" if derived else "stated"
-            label = (f"[{number}] paper {paper.id} {table}: {row.label}, {_short_method(row.maps_to.method)} "
-                     f"({y:.2f}x {how})")
+            label = (
+                f"[{number}] paper {paper.id} {table}: {row.label}, {_short_method(row.maps_to.method)} "
+                f"({y:.2f}x {how})"
+            )
             paper_handles.append(Line2D([], [], linestyle="", markersize=10, label=label, **style))
-            data.append({"source": f"paper ({paper.id})", "task": task, "model": row.setting.model,
-                         "method": row.maps_to.method, "config": row.label, "quality_metric": metric,
-                         "quality": x, "speedup": y})
-        handles = [Line2D([], [], marker="s", linestyle="", markersize=8, color=colors[m], label=f"ours: {m}")
-                   for m in sorted({r.model for r in rows})]
-        handles += [Line2D([], [], marker=MARKERS.get(m, "o"), linestyle="", markersize=7, color="0.5",
-                           markeredgecolor="black", label=_short_method(m))
-                    for m in sorted({r.method for r in rows}, key=method_key)]
+            data.append(
+                {
+                    "source": f"paper ({paper.id})",
+                    "task": task,
+                    "model": row.setting.model,
+                    "method": row.maps_to.method,
+                    "config": row.label,
+                    "quality_metric": metric,
+                    "quality": x,
+                    "speedup": y,
+                }
+            )
+        handles = [
+            Line2D([], [], marker="s", linestyle="", markersize=8, color=colors[m], label=f"ours: {m}")
+            for m in sorted({r.model for r in rows})
+        ]
+        handles += [
+            Line2D(
+                [],
+                [],
+                marker=MARKERS.get(m, "o"),
+                linestyle="",
+                markersize=7,
+                color="0.5",
+                markeredgecolor="black",
+                label=_short_method(m),
+            )
+            for m in sorted({r.family for r in rows}, key=method_key)
+        ]
+        if any(
+            _error(quality_estimate(r, metric, results.evals)) or _error(speed_estimate(r, "speedup_vs_greedy"))
+            for r in rows
+        ):
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color="0.4",
+                    marker="|",
+                    markersize=8,
+                    linewidth=0.8,
+                    label="95% interval (bootstrap over samples)",
+                )
+            )
         if len(front) > 1:
             handles.append(Line2D([], [], color="0.5", linestyle=":", label="our Pareto front"))
         handles += paper_handles
@@ -203,6 +316,19 @@ def _sweep_groups(rows: tuple[SweepRow, ...]) -> dict[tuple[str, str, str], list
     return dict(sorted(groups.items()))
 
 
+def heatmap_label(row: SweepRow) -> str:
+    """A heat-map cell: speed-up and acceptance, each with its 95% interval over prompts when stored."""
+    speedup, acceptance = sweep_estimate(row, "speedup_vs_greedy"), sweep_estimate(row, "acceptance_rate")
+    lines = [f"{speedup.value:.2f}x"]
+    if speedup.interval is not None:
+        lines[0] += f" [{speedup.interval.low:.2f}, {speedup.interval.high:.2f}]"
+    if acceptance.value is not None:
+        lines.append(f"acc {100 * acceptance.value:.0f}%")
+        if acceptance.interval is not None:
+            lines[-1] += f" [{100 * acceptance.interval.low:.0f}, {100 * acceptance.interval.high:.0f}]"
+    return "\n".join(lines)
+
+
 def plot_sweep_heatmap(results: Results, out_dir: Path) -> list[Path]:
     sweep = results.sweep
     if sweep is None:
@@ -221,31 +347,34 @@ def plot_sweep_heatmap(results: Results, out_dir: Path) -> list[Path]:
         exits = sorted({r.exit_layer for r in rows if r.exit_layer is not None})
         specs = sorted({r.num_speculations for r in rows if r.num_speculations is not None})
         grid = [[math.nan] * len(specs) for _ in exits]
-        acceptance: dict[tuple[int, int], float | None] = {}
+        cells: dict[tuple[int, int], SweepRow] = {}
         for r in rows:
             i, j = exits.index(r.exit_layer), specs.index(r.num_speculations)
             grid[i][j] = r.speedup_vs_greedy or math.nan
-            acceptance[(i, j)] = r.acceptance_rate
+            cells[(i, j)] = r
         image = ax.imshow(grid, cmap="RdYlGn", norm=norm, aspect="auto", origin="lower")
         for i in range(len(exits)):
             for j in range(len(specs)):
                 if math.isnan(grid[i][j]):
                     continue
-                acc = acceptance.get((i, j))
-                text = f"{grid[i][j]:.2f}x" + (f"\nacc {100 * acc:.0f}%" if acc is not None else "")
+                text = heatmap_label(cells[(i, j)])
                 red, green, blue, _ = image.cmap(norm(grid[i][j]))
                 dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
-                ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
         ax.set_xticks(range(len(specs)), [str(d) for d in specs])
         ax.set_yticks(range(len(exits)), [str(e) for e in exits])
         ax.set_xlabel("speculations per round d")
         ax.set_ylabel("exit layer E")
         ax.set_title(f"{model} · {dtype} · {_short_method(method)}", fontsize=10)
-    for ax in list(axes.flat)[len(groups):]:
+    for ax in list(axes.flat)[len(groups) :]:
         ax.set_visible(False)
     if image is not None:
         fig.colorbar(image, ax=axes, label="speed-up over greedy (x); 1.0 = no gain", shrink=0.8)
-    fig.suptitle(f"Self-speculative decoding sweep over (E, d){' on ' + sweep.task if sweep.task else ''}")
+    n = sorted({r.num_prompts for rows in groups.values() for r in rows})
+    fig.suptitle(
+        f"Self-speculative decoding sweep over (E, d){' on ' + sweep.task if sweep.task else ''} "
+        f"(n = {', '.join(map(str, n))} prompts; brackets: 95% interval over prompts)"
+    )
     _source_line(fig, [sweep.source_file], [sweep.provenance])
     return _save(fig, out_dir, "sweep_heatmap")
 
@@ -265,9 +394,14 @@ def plot_acceptance_vs_exit(results: Results, papers: tuple[Paper, ...], out_dir
     colors = _colors([f"{m}/{k}" for m, k in series])
     specs = sorted({r.num_speculations or 0 for r in rows})
     paper_rows = [
-        (p, row) for p in papers for row in p.rows
-        if sweep.task and row.maps_to.task == sweep.task and row.reported.acceptance is not None
-        and row.setting.exit_layer is not None and not row.maps_to.ablation
+        (p, row)
+        for p in papers
+        for row in p.rows
+        if sweep.task
+        and row.maps_to.task == sweep.task
+        and row.reported.acceptance is not None
+        and row.setting.exit_layer is not None
+        and not row.maps_to.ablation
     ]
     fig = _figure(5.6 * len(dtypes) + 2.6, 4.6)
     axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)[0]
@@ -275,34 +409,75 @@ def plot_acceptance_vs_exit(results: Results, papers: tuple[Paper, ...], out_dir
     for ax, dtype in zip(axes, dtypes, strict=True):
         for model, method in series:
             for k, d in enumerate(specs):
-                pts = sorted((r.exit_layer or 0, r.acceptance_rate or 0.0) for r in rows
-                             if (r.model, r.method, r.dtype, r.num_speculations or 0) == (model, method, dtype, d))
+                pts = sorted(
+                    (
+                        (r.exit_layer or 0, sweep_estimate(r, "acceptance_rate"))
+                        for r in rows
+                        if (r.model, r.method, r.dtype, r.num_speculations or 0) == (model, method, dtype, d)
+                    ),
+                    key=lambda p: p[0],
+                )
                 if not pts:
                     continue
-                ax.plot(*zip(*pts, strict=True), marker="o", markersize=4, color=colors[f"{model}/{method}"],
-                        linestyle=LINESTYLES[k % len(LINESTYLES)])
-                data += [{"model": model, "method": method, "dtype": dtype, "num_speculations": d,
-                          "exit_layer": e, "acceptance_rate": a} for e, a in pts]
+                color = colors[f"{model}/{method}"]
+                ax.plot(
+                    [e for e, _ in pts],
+                    [a.value for _, a in pts],
+                    marker="o",
+                    markersize=4,
+                    color=color,
+                    linestyle=LINESTYLES[k % len(LINESTYLES)],
+                )
+                for e, a in pts:
+                    _error_bars(ax, Estimate(e), a, color)
+                data += [
+                    {
+                        "model": model,
+                        "method": method,
+                        "dtype": dtype,
+                        "num_speculations": d,
+                        "exit_layer": e,
+                        **estimate_columns("acceptance_rate", a),
+                    }
+                    for e, a in pts
+                ]
         by_label: dict[str, list[tuple[int, float]]] = {}
         for paper, row in paper_rows:
-            label = f"paper: {paper.id} {row.source.table.split(' (')[0]}, {row.setting.model.split(' (')[0]} " \
-                    f"({row.setting.num_layers} layers), {row.setting.hardware.split(' (')[0]}"
+            label = (
+                f"paper: {paper.id} {row.source.table.split(' (')[0]}, {row.setting.model.split(' (')[0]} "
+                f"({row.setting.num_layers} layers), {row.setting.hardware.split(' (')[0]}"
+            )
             by_label.setdefault(label, []).append((row.setting.exit_layer or 0, row.reported.acceptance or 0.0))
         for j, (_label, pts) in enumerate(sorted(by_label.items())):
-            ax.plot(*zip(*sorted(pts), strict=True), marker="*", markersize=11, color=PAPER_COLOR,
-                    linestyle=LINESTYLES[j % len(LINESTYLES)], linewidth=0.8)
+            ax.plot(
+                *zip(*sorted(pts), strict=True),
+                marker="*",
+                markersize=11,
+                color=PAPER_COLOR,
+                linestyle=LINESTYLES[j % len(LINESTYLES)],
+                linewidth=0.8,
+            )
         ax.set_title(dtype, fontsize=10)
         ax.set_xlabel("exit layer E (layers run by the draft)")
         ax.set_ylim(0, 1.02)
         ax.yaxis.set_major_formatter(lambda v, _: f"{100 * v:.0f}%")
         ax.grid(alpha=0.25)
     axes[0].set_ylabel("acceptance rate (accepted / drafted)")
-    handles = [Line2D([], [], color=colors[f"{m}/{k}"], marker="o", label=f"ours: {m} ({_short_method(k)})")
-               for m, k in series]
-    handles += [Line2D([], [], color="0.4", linestyle=LINESTYLES[k % len(LINESTYLES)], label=f"d = {d}")
-                for k, d in enumerate(specs)]
-    handles += [Line2D([], [], color=PAPER_COLOR, marker="*", markersize=10, linestyle=LINESTYLES[j % 4], label=lab)
-                for j, lab in enumerate(sorted({lab for lab in by_label}))] if paper_rows else []
+    handles = [
+        Line2D([], [], color=colors[f"{m}/{k}"], marker="o", label=f"ours: {m} ({_short_method(k)})") for m, k in series
+    ]
+    handles += [
+        Line2D([], [], color="0.4", linestyle=LINESTYLES[k % len(LINESTYLES)], label=f"d = {d}")
+        for k, d in enumerate(specs)
+    ]
+    handles += (
+        [
+            Line2D([], [], color=PAPER_COLOR, marker="*", markersize=10, linestyle=LINESTYLES[j % 4], label=lab)
+            for j, lab in enumerate(sorted({lab for lab in by_label}))
+        ]
+        if paper_rows
+        else []
+    )
     axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     fig.suptitle(f"Draft acceptance vs exit layer{' on ' + sweep.task if sweep.task else ''}")
     _source_line(fig, [sweep.source_file], [sweep.provenance])
@@ -330,21 +505,24 @@ def plot_readability(results: Results, out_dir: Path) -> PlotOutput:
             n = len(curve.agreement)
             layers = [i + 1 if n == probe.num_layers else i for i in range(n)]
             ax.plot(layers, curve.agreement, color=colors[probe.model], marker=".", label=probe.model)
-            data += [{"model": probe.model, "text": kind, "layer": x, "agreement": y}
-                     for x, y in zip(layers, curve.agreement, strict=True)]
+            data += [
+                {"model": probe.model, "text": kind, "layer": x, "agreement": y}
+                for x, y in zip(layers, curve.agreement, strict=True)
+            ]
         ax.set_title(kind, fontsize=10)
         ax.set_ylim(0, 1.02)
         ax.yaxis.set_major_formatter(lambda v, _: f"{100 * v:.0f}%")
         ax.grid(alpha=0.25)
-    for ax in list(axes.flat)[len(kinds):]:
+    for ax in list(axes.flat)[len(kinds) :]:
         ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("exit after layer")
     for ax in axes[:, 0]:
         ax.set_ylabel("agreement with last layer")
     handles = [Line2D([], [], color=colors[p.model], marker=".", label=p.model) for p in results.probes]
-    axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=9, frameon=False,
-                       title="model")
+    axes[0][-1].legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=9, frameon=False, title="model"
+    )
     fig.suptitle("Readability of intermediate layers through the shared LM head (top-1 agreement)")
     _source_line(fig, [p.source_file for p in results.probes], [p.provenance for p in results.probes])
     return _save(fig, out_dir, "readability"), data
@@ -380,17 +558,41 @@ def plot_calm(results: Results, out_dir: Path) -> PlotOutput:
                         risk_ax.plot(*zip(*risk, strict=True), **style)
                     if speed:
                         speed_ax.plot(*zip(*speed, strict=True), **style)
-                    data += [{"model": cal.model, "task": task, "measure": measure, "kv_strategy": cv.kv_strategy,
-                              "threshold": t, "risk": rv, "speedup": sv}
-                             for t, rv, sv in zip(cv.thresholds, cv.risk, cv.speedup, strict=True)]
+                    data += [
+                        {
+                            "model": cal.model,
+                            "task": task,
+                            "measure": measure,
+                            "kv_strategy": cv.kv_strategy,
+                            "threshold": t,
+                            "risk": rv,
+                            "speedup": sv,
+                        }
+                        for t, rv, sv in zip(cv.thresholds, cv.risk, cv.speedup, strict=True)
+                    ]
                 for r in cal.rows:
                     if (r.task, r.measure) == (task, measure) and r.threshold is not None and r.speedup_vs_greedy:
-                        speed_ax.scatter(r.threshold, r.speedup_vs_greedy, marker="D", s=28, zorder=4,
-                                         color=colors[cal.model], edgecolor="black", linewidth=0.5)
+                        speed_ax.scatter(
+                            r.threshold,
+                            r.speedup_vs_greedy,
+                            marker="D",
+                            s=28,
+                            zorder=4,
+                            color=colors[cal.model],
+                            edgecolor="black",
+                            linewidth=0.5,
+                        )
             for delta in deltas:
                 risk_ax.axhline(delta, color="0.45", linewidth=0.8, linestyle=(0, (1, 2)))
-                risk_ax.annotate(f"δ = {delta:g}", (0.01, delta), xycoords=("axes fraction", "data"), fontsize=7,
-                                 ha="left", va="bottom", color="0.35")
+                risk_ax.annotate(
+                    f"δ = {delta:g}",
+                    (0.01, delta),
+                    xycoords=("axes fraction", "data"),
+                    fontsize=7,
+                    ha="left",
+                    va="bottom",
+                    color="0.35",
+                )
             speed_ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle="--")
             risk_ax.set_title(f"confidence measure: {measure}", fontsize=10)
             speed_ax.set_xlabel("confidence threshold λ (lower exits earlier)")
@@ -402,9 +604,12 @@ def plot_calm(results: Results, out_dir: Path) -> PlotOutput:
         axes[1][0].set_ylabel("decode speed-up over greedy (x)")
         handles = [Line2D([], [], color=colors[c.model], label=f"model: {c.model}") for c in cals]
         handles += [Line2D([], [], color="0.3", linestyle=ls, label=f"KV: {kv}") for kv, ls in kv_styles.items()]
-        handles += [Line2D([], [], marker="D", linestyle="", color="0.5", markeredgecolor="black",
-                           label="calibrated threshold"),
-                    Line2D([], [], color="0.45", linestyle=(0, (1, 2)), label="target risk δ")]
+        handles += [
+            Line2D(
+                [], [], marker="D", linestyle="", color="0.5", markeredgecolor="black", label="calibrated threshold"
+            ),
+            Line2D([], [], color="0.45", linestyle=(0, (1, 2)), label="target risk δ"),
+        ]
         axes[0][-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
         fig.suptitle(f"CALM on {task}: risk and speed-up vs exit threshold")
         _source_line(fig, [c.source_file for c in cals], [c.provenance for c in cals])
@@ -425,13 +630,25 @@ def write_plots(results: Results, papers: tuple[Paper, ...], out_dir: str | Path
     calm, calm_data = plot_calm(results, out_dir)
     files += pareto + plot_sweep_heatmap(results, out_dir) + accept + readable + calm
     sweep_data = [
-        {"model": r.model, "dtype": r.dtype, "method": r.method, "exit_layer": r.exit_layer,
-         "num_speculations": r.num_speculations, "speedup_vs_greedy": r.speedup_vs_greedy}
-        for rows in (_sweep_groups(results.sweep.rows).values() if results.sweep else []) for r in rows
+        {
+            "model": r.model,
+            "dtype": r.dtype,
+            "method": r.method,
+            "exit_layer": r.exit_layer,
+            "num_speculations": r.num_speculations,
+            **estimate_columns("speedup_vs_greedy", sweep_estimate(r, "speedup_vs_greedy")),
+            **estimate_columns("acceptance_rate", sweep_estimate(r, "acceptance_rate")),
+        }
+        for rows in (_sweep_groups(results.sweep.rows).values() if results.sweep else [])
+        for r in rows
     ]
-    for name, rows in (("speedup_vs_quality.csv", pareto_data), ("sweep_speedup.csv", sweep_data),
-                       ("acceptance_vs_exit.csv", accept_data), ("readability.csv", readable_data),
-                       ("calm_threshold.csv", calm_data)):
+    for name, rows in (
+        ("speedup_vs_quality.csv", pareto_data),
+        ("sweep_speedup.csv", sweep_data),
+        ("acceptance_vs_exit.csv", accept_data),
+        ("readability.csv", readable_data),
+        ("calm_threshold.csv", calm_data),
+    ):
         if rows:
             files.append(write_csv(out_dir / "data" / name, rows))
     return files

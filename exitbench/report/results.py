@@ -19,6 +19,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from exitbench.errors import ExitbenchError
 from exitbench.replications import pydantic_error_line
+from exitbench.stats import Interval
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -85,7 +86,41 @@ class EvalResult(_Lenient):
     provenance: Provenance
     num_parameters: int | None = Field(None, ge=1)
     model_info: dict[str, Any] | None = None
+    intervals: dict[str, dict[str, Any]] = Field(
+        {},
+        description="metric -> exitbench.stats.Interval.to_dict(): quality metrics by name, speedup_vs_greedy, "
+        "acceptance_rate, mismatch_rate",
+    )
+    sample_ids: tuple[str, ...] = ()
+    sample: dict[str, Any] | None = None
+    base_method: str | None = Field(None, description="the registry method of an instance label (early_exit@8)")
+    quality_from: Any = Field(None, description="an exact method's quality is this run's (greedy's) by construction")
     source_file: str = ""
+
+    def interval(self, metric: str) -> Interval | None:
+        """The confidence interval the evaluate stage stored for ``metric``, or None."""
+        data = self.intervals.get(metric)
+        return Interval.from_dict(data) if data else None
+
+    @property
+    def family(self) -> str:
+        """The registry method (``early_exit`` for the instance ``early_exit@8``); a missing base_method = method."""
+        return self.base_method or self.method
+
+    @property
+    def exit_layer(self) -> int | None:
+        value = self.options.get("exit_layer")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def quality_source(self) -> str | None:
+        """The method whose quality this result reports: ``quality_from``'s first word (evaluate writes e.g.
+        ``"autoregressive (exact method; measured on the timing sample of 4)"``), or its ``method`` key."""
+        source = self.quality_from
+        if isinstance(source, dict):
+            source = source.get("method")
+        words = source.split() if isinstance(source, str) else []
+        return words[0] if words else None
 
     @model_validator(mode="after")
     def _failed_at_most_all(self) -> EvalResult:
@@ -117,6 +152,19 @@ class SweepRow(_Lenient):
     num_mismatched: int | None = Field(None, ge=0)
     num_prompts: int = Field(ge=1)
     max_new_tokens: int = Field(ge=1)
+    speedup_vs_greedy_low: float | None = Field(None, ge=0)
+    speedup_vs_greedy_high: float | None = Field(None, ge=0)
+    speedup_vs_greedy_n: int | None = Field(None, ge=1)
+    acceptance_rate_low: float | None = Field(None, ge=0, le=1)
+    acceptance_rate_high: float | None = Field(None, ge=0, le=1)
+    acceptance_rate_n: int | None = Field(None, ge=1)
+
+    def interval(self, metric: str) -> Interval | None:
+        """``speedup_vs_greedy`` or ``acceptance_rate`` with the sweep's paired interval over prompts, or None."""
+        estimate, low, high = (getattr(self, f"{metric}{suffix}", None) for suffix in ("", "_low", "_high"))
+        if estimate is None or low is None or high is None:
+            return None
+        return Interval(estimate, low, high, getattr(self, f"{metric}_n", None) or self.num_prompts)
 
 
 class Sweep(_Lenient):
@@ -134,6 +182,8 @@ class ProbeCurves(_Lenient):
     agreement: tuple[float, ...] = Field(min_length=1, validation_alias=AliasChoices("agreement", "top1_agreement"))
     median_rank: tuple[float, ...] = ()
     confidence: tuple[float, ...] = ()
+    num_texts: int | None = Field(None, ge=0)
+    num_tokens: int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _same_length(self) -> ProbeCurves:
@@ -167,8 +217,9 @@ class CalibrationRow(_Lenient):
     delta: float = Field(gt=0, lt=1)
     threshold: float | None = None
     certified: bool | None = None
-    calibration_risk: float | None = Field(None, validation_alias=AliasChoices("calibration_risk",
-                                                                              "calibration_mean_risk"))
+    calibration_risk: float | None = Field(
+        None, validation_alias=AliasChoices("calibration_risk", "calibration_mean_risk")
+    )
     test_risk: float | None = None
     risk_ok: bool | None = None
     avg_exit_layer: float | None = Field(None, ge=0)
@@ -190,8 +241,12 @@ class CalibrationRow(_Lenient):
         quality = data["quality"]
         calm, greedy = quality.get("calm"), quality.get("greedy")
         data = {"quality_metric": quality.get("metric"), "quality_calm": calm, "quality_greedy": greedy, **data}
-        if "quality_vs_greedy" not in data and isinstance(calm, int | float) and isinstance(greedy, int | float) \
-                and greedy > 0:
+        if (
+            "quality_vs_greedy" not in data
+            and isinstance(calm, int | float)
+            and isinstance(greedy, int | float)
+            and greedy > 0
+        ):
             data["quality_vs_greedy"] = calm / greedy
         return data
 

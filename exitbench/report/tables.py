@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import Paper
-from exitbench.report.results import CalibrationRow, EvalResult, Provenance, Results
+from exitbench.report.results import CalibrationRow, EvalResult, Probe, Provenance, Results, SweepRow
+from exitbench.stats import Interval
 
 PRIMARY_METRIC = {"cnndm": "rouge2", "xsum": "rouge2", "humaneval": "pass@1", "mbpp": "pass@1", "topv2": "exact_match"}
 METHOD_ORDER = ("autoregressive", "early_exit", "self_speculative", "hf_early_exit", "speculative", "calm")
@@ -63,6 +66,124 @@ def method_key(method: str) -> tuple[int, str]:
     return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
 
 
+def result_key(result: EvalResult) -> tuple[int, str, int, str]:
+    """Table order: the registry method (an instance label such as ``early_exit@8`` under ``early_exit``), E."""
+    order, family = method_key(result.family)
+    return (order, family, result.exit_layer or 0, result.method)
+
+
+# ------------------------------------------------------------------------------------------ intervals
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A reported number, its 95% interval when the result file carries one, and its sample size."""
+
+    value: float | None
+    interval: Interval | None = None
+    n: int | None = None
+    detail: str = ""  # after n inside the parentheses, e.g. " texts, 1751 positions"
+
+    @property
+    def low(self) -> float | None:
+        return self.interval.low if self.interval else None
+
+    @property
+    def high(self) -> float | None:
+        return self.interval.high if self.interval else None
+
+
+def _bound(value: float, kind: str, digits: int) -> str:
+    if not math.isfinite(value):
+        return "∞" if value > 0 else "-∞"
+    return f"{100 * value:.1f}" if kind == "pct" else f"{value:.2f}" if kind == "x" else f"{value:.{digits}f}"
+
+
+def fmt_bounds(estimate: Estimate, kind: str = "num", digits: int = 3) -> str:
+    """``[low, high]`` in the estimate's unit (speed-up: x, rates: %), or "" without an interval."""
+    if estimate.interval is None:
+        return ""
+    return f"[{_bound(estimate.interval.low, kind, digits)}, {_bound(estimate.interval.high, kind, digits)}]"
+
+
+def fmt_estimate(estimate: Estimate, kind: str = "num", digits: int = 3) -> str:
+    """``0.440 [0.370, 0.510] (n=200)``; kind "x" (speed-up, ``1.52x [1.40, 1.61]``) or "pct" (rates, in %).
+    Without an interval: the number and n; without a number: an en dash."""
+    value = estimate.value
+    if value is None:
+        return "–"
+    text = fmt_x(value) if kind == "x" else fmt_pct(value) if kind == "pct" else fmt(value, digits)
+    bounds = fmt_bounds(estimate, kind, digits)
+    n = estimate.n if estimate.n is not None else "?"
+    return f"{text} {bounds} (n={n}{estimate.detail})" if bounds else f"{text} (n={n}{estimate.detail})"
+
+
+def estimate_columns(name: str, estimate: Estimate) -> dict[str, Any]:
+    """CSV columns ``<name>, <name>_low, <name>_high, <name>_n`` (bounds empty without an interval, all four empty
+    without a number)."""
+    n = estimate.n if estimate.value is not None else None
+    return {name: estimate.value, f"{name}_low": estimate.low, f"{name}_high": estimate.high, f"{name}_n": n}
+
+
+def scored(result: EvalResult) -> int:
+    """Samples that produced a score (failed generations are left out of every metric)."""
+    return result.num_samples - result.num_failed
+
+
+def quality_source(result: EvalResult, peers: Iterable[EvalResult]) -> EvalResult:
+    """The result whose quality ``result`` reports: itself, or the run named by its ``quality_from`` (an exact
+    method timed on fewer samples reports greedy's quality, identical tokens by construction)."""
+    name = result.quality_source
+    if name is None or name == result.method:
+        return result
+    same = [p for p in peers if (p.model, p.task) == (result.model, result.task)]
+    return next((p for p in same if p.method == name), next((p for p in same if p.family == name), result))
+
+
+def quality_estimate(result: EvalResult, metric: str, peers: Iterable[EvalResult] = ()) -> Estimate:
+    """A quality metric (``exact_match``, ``per_domain/alarm``, ...) with its interval and n."""
+    source = quality_source(result, peers)
+    value: Any
+    if metric.startswith("per_domain/"):
+        domain = metric.split("/", 1)[1]
+        value = next(
+            (
+                r.quality["per_domain"].get(domain)
+                for r in (result, source)
+                if isinstance(r.quality.get("per_domain"), dict) and domain in r.quality["per_domain"]
+            ),
+            None,
+        )
+    else:
+        value = result.scalar_quality().get(metric, source.scalar_quality().get(metric))
+    if value is None:
+        return Estimate(None)
+    interval = result.interval(metric) or source.interval(metric)
+    if interval is not None:
+        return Estimate(value, interval, interval.n)
+    if metric.startswith("per_domain/"):
+        strata = (source.sample or {}).get("strata") or {}
+        count = strata.get(metric.split("/", 1)[1]) if isinstance(strata, dict) else None
+        return Estimate(value, None, count if isinstance(count, int) else None)
+    return Estimate(value, None, scored(source))
+
+
+def speed_estimate(result: EvalResult, metric: str) -> Estimate:
+    """``speedup_vs_greedy``, ``acceptance_rate`` or ``mismatch_rate`` with its interval and n."""
+    if metric == "mismatch_rate":
+        value = result.correctness.mismatch_rate
+        n = result.correctness.num_compared if result.correctness.num_compared is not None else scored(result)
+    else:
+        value, n = getattr(result.speed, metric), scored(result)
+    interval = result.interval(metric)
+    return Estimate(value, interval, interval.n if interval else n)
+
+
+def sweep_estimate(row: SweepRow, metric: str) -> Estimate:
+    interval = row.interval(metric)
+    return Estimate(getattr(row, metric), interval, interval.n if interval else row.num_prompts)
+
+
 def quality_metrics(results: list[EvalResult]) -> list[str]:
     """Scalar quality metrics present for a task, its primary metric first."""
     names = sorted({name for r in results for name in r.scalar_quality()})
@@ -71,16 +192,19 @@ def quality_metrics(results: list[EvalResult]) -> list[str]:
 
 
 def exactness(result: EvalResult) -> str:
+    """exact (n/n), or how many outputs differ from greedy's, with the mismatch rate's interval when stored."""
     c = result.correctness
     if c.num_mismatched is None:
         return "claimed" if c.exact_claimed else "lossy"
-    compared = c.num_compared if c.num_compared is not None else result.num_samples - result.num_failed
+    compared = c.num_compared if c.num_compared is not None else scored(result)
+    rate = speed_estimate(result, "mismatch_rate")
+    rate_text = f" ({fmt_pct(rate.value)} {fmt_bounds(rate, 'pct')})" if rate.interval is not None else ""
     if c.exact_claimed:
         if c.num_mismatched == 0:
             return f"exact ({compared}/{compared})"
-        return f"**NOT exact: {c.num_mismatched}/{compared} differ**"
+        return f"**NOT exact: {c.num_mismatched}/{compared} differ**{rate_text}"
     where = f", 1st divergence ~{c.first_divergence_mean:.0f}" if c.first_divergence_mean is not None else ""
-    return f"lossy: {c.num_mismatched}/{compared} differ{where}"
+    return f"lossy: {c.num_mismatched}/{compared} differ{rate_text}{where}"
 
 
 def options_text(options: dict[str, Any]) -> str:
@@ -109,11 +233,58 @@ def paper_lines(papers: tuple[Paper, ...], task: str, methods: set[str]) -> list
     return lines
 
 
+def eval_table(rows: list[EvalResult]) -> list[str]:
+    """One (task, model): a row per method; every quality metric, speed-up and acceptance with interval and n."""
+    metrics = quality_metrics(rows)
+    header = [
+        "method",
+        "options",
+        *metrics,
+        "ms/token",
+        "speed-up",
+        "acceptance",
+        "tokens/round",
+        "ideal fraction",
+        "failed",
+        "exactness",
+    ]
+    body = []
+    for r in rows:
+        borrowed = quality_source(r, rows) is not r
+        body.append(
+            [
+                r.method + (" †" if borrowed else ""),
+                options_text(r.options),
+                *[fmt_estimate(quality_estimate(r, m, rows)) for m in metrics],
+                fmt(r.speed.time_per_token_ms, 2),
+                fmt_estimate(speed_estimate(r, "speedup_vs_greedy"), "x"),
+                fmt_estimate(speed_estimate(r, "acceptance_rate"), "pct"),
+                fmt(r.speed.tokens_per_round, 2),
+                fmt(r.speed.ideal_fraction, 2),
+                str(r.num_failed),
+                exactness(r),
+            ]
+        )
+    lines = markdown_table(header, body, "ll" + "r" * (len(metrics) + 6) + "l")
+    sources = sorted({(src.method, scored(src)) for r in rows if (src := quality_source(r, rows)) is not r})
+    if sources:
+        named = ", ".join(f"`{method}`'s (n={n})" for method, n in sources)
+        lines += [
+            "",
+            f"† exact method timed on its own sample: its quality is {named} by construction "
+            "(identical tokens); its speed-up and acceptance carry their own n.",
+        ]
+    return lines
+
+
 def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> list[str]:
     lines = ["## Quality, speed and exactness per task", ""]
     if not results.evals:
         return [*lines, NOT_RUN, ""]
     lines += [
+        "Each number is followed by its 95% confidence interval in brackets (seeded bootstrap over samples, "
+        "paired with greedy decoding for speed-ups; see `exitbench/stats.py`) and its sample size n; a number "
+        "without brackets comes from a result file that stores no interval. "
         "Speed-up is greedy decoding's time per token over the method's, on the same checkpoint and prompts. "
         "Acceptance = accepted drafts / drafted tokens. Tokens/round = generated tokens (the first one, from the "
         "prefill, included) per draft-verify round, so very short outputs push it above 1 + accepted per round. "
@@ -124,8 +295,7 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
     for task in results.eval_tasks():
         lines += [f"### {task}", ""]
         for model in results.eval_models():
-            rows = sorted((r for r in results.evals if r.task == task and r.model == model),
-                          key=lambda r: method_key(r.method))
+            rows = sorted((r for r in results.evals if r.task == task and r.model == model), key=result_key)
             if not rows:
                 continue
             first = rows[0]
@@ -134,38 +304,65 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
             lines.append(provenance_line(first.provenance, extra))
             if len(commits) > 1:
                 lines.append(f"(methods measured at different commits: {', '.join(commits)})")
-            lines.append("")
-            metrics = quality_metrics(rows)
-            header = ["method", "options", *metrics, "ms/token", "speed-up", "acceptance", "tokens/round",
-                      "ideal fraction", "failed", "exactness"]
-            body = [
-                [r.method, options_text(r.options), *[fmt(r.scalar_quality().get(m)) for m in metrics],
-                 fmt(r.speed.time_per_token_ms, 2), fmt_x(r.speed.speedup_vs_greedy), fmt_pct(r.speed.acceptance_rate),
-                 fmt(r.speed.tokens_per_round, 2), fmt(r.speed.ideal_fraction, 2), str(r.num_failed), exactness(r)]
-                for r in rows
-            ]
-            lines += markdown_table(header, body, "ll" + "r" * (len(metrics) + 6) + "l")
-            lines += ["", *per_domain_table(rows)]
-        references = paper_lines(papers, task, {r.method for r in results.evals if r.task == task})
+            lines += ["", *eval_table(rows), "", *per_domain_table(rows)]
+        references = paper_lines(papers, task, {r.family for r in results.evals if r.task == task})
         if references:
-            lines += ["Paper figures for this task (different models and hardware; see `check.md`):", "",
-                      *references, ""]
-    lines += [f"Reproduce: `python pipelines/use_profile.py {profile} && dvc repro` (the profile and the code "
-              "at the commits above).", ""]
+            lines += [
+                "Paper figures for this task (different models and hardware; see `check.md`):",
+                "",
+                *references,
+                "",
+            ]
+    lines += [
+        f"Reproduce: `python pipelines/use_profile.py {profile} && dvc repro` (the profile and the code "
+        "at the commits above).",
+        "",
+    ]
     return lines
 
 
+def domains_of(rows: Iterable[EvalResult]) -> list[str]:
+    """Every TOPv2 domain any result reports: in ``per_domain``, in its intervals or in its sample strata."""
+    found: set[str] = set()
+    for r in rows:
+        per = r.quality.get("per_domain")
+        found |= set(per) if isinstance(per, dict) else set()
+        found |= {key.split("/", 1)[1] for key in r.intervals if key.startswith("per_domain/")}
+    return sorted(found)
+
+
 def per_domain_table(rows: list[EvalResult]) -> list[str]:
-    """TOPv2's per-domain exact match, when the results carry it."""
-    per = [r.quality["per_domain"] for r in rows if isinstance(r.quality.get("per_domain"), dict)]
-    domains = sorted({d for p in per for d in p})
+    """TOPv2's per-domain exact match, every domain in the results, each cell with its interval and n."""
+    domains = domains_of(rows)
     if not domains:
         return []
-    body = []
-    for r in rows:
-        per = r.quality.get("per_domain") if isinstance(r.quality.get("per_domain"), dict) else {}
-        body.append([r.method, *[fmt(per.get(d)) for d in domains]])
+    body = [[r.method, *[fmt_estimate(quality_estimate(r, f"per_domain/{d}", rows)) for d in domains]] for r in rows]
     return ["Per-domain exact match:", "", *markdown_table(["method", *domains], body, "l" + "r" * len(domains)), ""]
+
+
+def sweep_cells(row: SweepRow) -> list[str]:
+    return [
+        row.model,
+        row.dtype,
+        row.method,
+        fmt(row.exit_layer),
+        fmt(row.num_speculations),
+        fmt(row.time_per_token_ms, 2),
+        fmt(row.iqr_ms, 2),
+        fmt_estimate(sweep_estimate(row, "speedup_vs_greedy"), "x"),
+        fmt_estimate(sweep_estimate(row, "acceptance_rate"), "pct"),
+        fmt(row.tokens_per_round, 2),
+        fmt(row.c_draft),
+        fmt(row.c_verify),
+        fmt_x(row.ideal_speedup),
+        fmt(row.ideal_fraction, 2),
+        fmt(row.exact) if row.num_mismatched in (None, 0) else f"no ({row.num_mismatched})",
+    ]
+
+
+def best_sweep_row(rows: Iterable[SweepRow]) -> SweepRow | None:
+    candidates = [r for r in rows if r.speedup_vs_greedy and r.method != "autoregressive"]
+    return max(candidates, key=lambda r: r.speedup_vs_greedy or 0.0) if candidates else None
 
 
 def sweep_section(results: Results) -> list[str]:
@@ -175,27 +372,266 @@ def sweep_section(results: Results) -> list[str]:
         return [*lines, NOT_RUN, ""]
     first = sweep.rows[0] if sweep.rows else None
     setup = f"{first.num_prompts} prompts, {first.max_new_tokens} new tokens" if first else "no rows"
-    lines += [provenance_line(sweep.provenance, f"`{sweep.source_file}` · {setup}"), ""]
-    for model_dtype in sorted({(r.model, r.dtype) for r in sweep.rows}):
-        candidates = [r for r in sweep.rows if (r.model, r.dtype) == model_dtype and r.speedup_vs_greedy
-                      and r.method != "autoregressive"]
-        if candidates:
-            best = max(candidates, key=lambda r: r.speedup_vs_greedy or 0.0)
-            lines.append(f"- best for `{model_dtype[0]}` ({model_dtype[1]}): {best.method} E={fmt(best.exit_layer)} "
-                         f"d={fmt(best.num_speculations)} → **{fmt_x(best.speedup_vs_greedy)}**")
-    lines.append("")
-    header = ["model", "dtype", "method", "E", "d", "ms/token", "IQR ms", "speed-up", "acceptance", "tokens/round",
-              "c_draft", "c_verify", "ideal", "ideal fraction", "exact"]
-    rows = sorted(sweep.rows, key=lambda r: (r.model, r.dtype, method_key(r.method), r.exit_layer or 0,
-                                             r.num_speculations or 0))
-    body = [
-        [r.model, r.dtype, r.method, fmt(r.exit_layer), fmt(r.num_speculations), fmt(r.time_per_token_ms, 2),
-         fmt(r.iqr_ms, 2), fmt_x(r.speedup_vs_greedy), fmt_pct(r.acceptance_rate), fmt(r.tokens_per_round, 2),
-         fmt(r.c_draft), fmt(r.c_verify), fmt_x(r.ideal_speedup), fmt(r.ideal_fraction, 2),
-         fmt(r.exact) if r.num_mismatched in (None, 0) else f"no ({r.num_mismatched})"]
-        for r in rows
+    lines += [
+        provenance_line(sweep.provenance, f"`{sweep.source_file}` · {setup}"),
+        "",
+        "Speed-up and acceptance: 95% bootstrap interval over prompts (speed-up paired with greedy on the "
+        "same prompts) and n = prompts.",
+        "",
     ]
-    return [*lines, *markdown_table(header, body, "lllrrrrrrrrrrrl"), ""]
+    for model_dtype in sorted({(r.model, r.dtype) for r in sweep.rows}):
+        best = best_sweep_row(r for r in sweep.rows if (r.model, r.dtype) == model_dtype)
+        if best is not None:
+            speedup = fmt_estimate(sweep_estimate(best, "speedup_vs_greedy"), "x")
+            lines.append(
+                f"- best for `{model_dtype[0]}` ({model_dtype[1]}): {best.method} E={fmt(best.exit_layer)} "
+                f"d={fmt(best.num_speculations)} → **{speedup}**"
+            )
+    lines.append("")
+    header = [
+        "model",
+        "dtype",
+        "method",
+        "E",
+        "d",
+        "ms/token",
+        "IQR ms",
+        "speed-up",
+        "acceptance",
+        "tokens/round",
+        "c_draft",
+        "c_verify",
+        "ideal",
+        "ideal fraction",
+        "exact",
+    ]
+    rows = sorted(
+        sweep.rows, key=lambda r: (r.model, r.dtype, method_key(r.method), r.exit_layer or 0, r.num_speculations or 0)
+    )
+    return [*lines, *markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrl"), ""]
+
+
+# ------------------------------------------------------------------------------------------ control comparison
+
+CONTROL = "plain"
+COMPARE_MODELS = (CONTROL, "layerskip", "calm")
+PROBE_TEXTS = {
+    "cnndm": ("english",),
+    "xsum": ("english",),
+    "humaneval": ("code",),
+    "mbpp": ("code",),
+    "topv2": ("topv2_target", "topv2"),
+}
+CONTROL_SENTENCE = (
+    f"`{CONTROL}` is the control: the same finetune as `layerskip` (same data, steps, optimizer and seed) without "
+    "layer dropout and with the loss on the last layer only, so a difference between `plain` and `layerskip` is "
+    "the early-exit recipe's effect, not the finetune's."
+)
+FRACTION_CONFIDENCE = 0.90
+FRACTION_METHOD = "Bonferroni: early-exit interval over last-layer interval (at least 90%, conservative)"
+
+
+@dataclass(frozen=True)
+class CompareCell:
+    """One cell of the control comparison: a quantity of one model, with its estimate, interval and n."""
+
+    order: tuple[int, ...]
+    quantity: str
+    label: str
+    model: str
+    estimate: Estimate
+    kind: str = "num"
+    metric: str = ""
+    exit_layer: int | None = None
+    num_speculations: int | None = None
+    why: str = ""  # shown when there is no value
+
+
+def fraction_estimate(early: Estimate, last: Estimate) -> tuple[Estimate, str]:
+    """Early-exit quality / last-layer quality. Its interval divides the ends of the two 95% intervals, which
+    both hold with probability at least 90% (Bonferroni), so it is a conservative 90% interval."""
+    if early.value is None or last.value is None:
+        return Estimate(None), "not measured"
+    if last.value <= 0:
+        return Estimate(None, n=early.n), "last layer scores 0"
+    value = early.value / last.value
+    if early.interval is None or last.interval is None:
+        return Estimate(value, None, early.n), ""
+    low = early.interval.low / last.interval.high if last.interval.high > 0 else math.nan
+    high = early.interval.high / last.interval.low if last.interval.low > 0 else math.inf
+    low = 0.0 if math.isnan(low) else min(low, value)
+    interval = Interval(value, low, max(high, value), early.n or 0, FRACTION_CONFIDENCE, FRACTION_METHOD)
+    return Estimate(value, interval, early.n), ""
+
+
+def probe_agreement(probe: Probe | None, task: str, exit_layer: int) -> tuple[Estimate, str]:
+    """Top-1 agreement with the last layer after ``exit_layer`` layers, on the probe text closest to ``task``."""
+    if probe is None:
+        return Estimate(None), "no probe"
+    kind = next((k for k in PROBE_TEXTS.get(task, ("english",)) if k in probe.texts), None)
+    if kind is None:
+        return Estimate(None), "no probe text for this task"
+    curve = probe.texts[kind]
+    index = exit_layer - 1 if len(curve.agreement) == probe.num_layers else exit_layer
+    if not 0 <= index < len(curve.agreement):
+        return Estimate(None), "layer not probed"
+    texts = "text" if curve.num_texts == 1 else "texts"
+    detail = f" {texts}, {curve.num_tokens} positions of `{kind}`" if curve.num_tokens is not None else f" `{kind}`"
+    return Estimate(curve.agreement[index], None, curve.num_texts, detail), ""
+
+
+def _quality_cells(rows: list[EvalResult], task: str, model: str) -> list[CompareCell]:
+    """Last-layer quality, then each evaluated exit layer's quality and its fraction of the last layer's."""
+    metric = PRIMARY_METRIC.get(task) or (quality_metrics(rows) or [""])[0]
+    greedy = next((r for r in rows if r.family == "autoregressive"), None)
+    last = quality_estimate(greedy, metric, rows) if greedy else Estimate(None)
+    cells = [CompareCell((0,), "last_layer_quality", f"last layer: {metric}", model, last, metric=metric)]
+    for r in sorted((r for r in rows if r.family == "early_exit" and r.exit_layer), key=result_key):
+        e, early = r.exit_layer or 0, quality_estimate(r, metric, rows)
+        fraction, why = fraction_estimate(early, last)
+        label = f"early exit E={e} / last layer (≥90% interval)"
+        cells += [
+            CompareCell(
+                (1, e, 0),
+                "early_exit_quality",
+                f"early exit E={e}: {metric}",
+                model,
+                early,
+                metric=metric,
+                exit_layer=e,
+            ),
+            CompareCell(
+                (1, e, 1),
+                "early_exit_fraction_of_last_layer",
+                label,
+                model,
+                fraction,
+                metric=metric,
+                exit_layer=e,
+                why=why,
+            ),
+        ]
+    return cells
+
+
+def _speculation_cells(rows: list[EvalResult], model: str) -> list[CompareCell]:
+    """Self-speculation's acceptance and speed-up at each evaluated (E, d)."""
+    cells = []
+    for r in sorted((r for r in rows if r.family == "self_speculative"), key=result_key):
+        e, d = r.exit_layer or 0, r.options.get("num_speculations")
+        d = d if isinstance(d, int) else None
+        setting = f"E={e}, d={d}" + (", draft sub-vocabulary" if "draft_vocab_file" in r.options else "")
+        for j, (quantity, name, kind) in enumerate(
+            (("acceptance_rate", "acceptance", "pct"), ("speedup_vs_greedy", "speed-up", "x"))
+        ):
+            cells.append(
+                CompareCell(
+                    (3, e, d or 0, j),
+                    quantity,
+                    f"self-speculative {name} ({setting})",
+                    model,
+                    speed_estimate(r, quantity),
+                    kind,
+                    exit_layer=e,
+                    num_speculations=d,
+                )
+            )
+    return cells
+
+
+def _model_cells(results: Results, task: str, model: str, exit_layers: list[int]) -> list[CompareCell]:
+    rows = [r for r in results.evals if (r.task, r.model) == (task, model)]
+    probe = next((p for p in results.probes if p.model == model), None)
+    agreement = []
+    for e in exit_layers:
+        estimate, why = probe_agreement(probe, task, e)
+        label = f"agreement with the last layer at layer {e}"
+        agreement.append(
+            CompareCell((2, e), "agreement_with_last_layer", label, model, estimate, exit_layer=e, why=why)
+        )
+    return [*_quality_cells(rows, task, model), *agreement, *_speculation_cells(rows, model)]
+
+
+def compare_cells(results: Results, task: str) -> list[CompareCell]:
+    """plain vs layerskip (vs calm) on one task; models without results are left out."""
+    models = [m for m in COMPARE_MODELS if any((r.task, r.model) == (task, m) for r in results.evals)]
+    exit_layers = sorted(
+        {
+            r.exit_layer
+            for r in results.evals
+            if r.task == task and r.model in models and r.family in ("early_exit", "self_speculative") and r.exit_layer
+        }
+    )
+    cells = [cell for model in models for cell in _model_cells(results, task, model, exit_layers)]
+    return sorted(cells, key=lambda c: (c.order, COMPARE_MODELS.index(c.model)))
+
+
+def compare_table(cells: list[CompareCell]) -> list[str]:
+    models = [m for m in COMPARE_MODELS if any(c.model == m for c in cells)]
+    labels = list(dict.fromkeys(c.label for c in cells))
+    by_key = {(c.label, c.model): c for c in cells}
+    body = []
+    for label in labels:
+        row = [label]
+        for model in models:
+            cell = by_key.get((label, model))
+            text = "–" if cell is None else fmt_estimate(cell.estimate, cell.kind)
+            row.append(f"– ({cell.why})" if cell is not None and cell.estimate.value is None and cell.why else text)
+        body.append(row)
+    return markdown_table(["", *[f"`{m}`" for m in models]], body, "l" + "r" * len(models))
+
+
+def compare_section(results: Results) -> list[str]:
+    lines = ["## plain vs layerskip (vs calm): what the early-exit recipe changes", ""]
+    tasks = [t for t in results.eval_tasks() if any(r.task == t and r.model in COMPARE_MODELS for r in results.evals)]
+    if not tasks:
+        return [*lines, NOT_RUN, ""]
+    lines += [CONTROL_SENTENCE, ""]
+    if not any(r.model == CONTROL for r in results.evals):
+        lines += [
+            f"_`{CONTROL}` has no results in this run, so these tables cannot separate the recipe's effect "
+            "from the finetune's._",
+            "",
+        ]
+    lines += [
+        "Brackets: 95% bootstrap intervals over samples, n = samples; the fraction of the last layer's "
+        "quality divides the ends of the two intervals, a conservative interval of at least 90% (the "
+        "summaries hold no per-sample pairs). Agreement: the probe's top-1 agreement with the last layer "
+        "through the shared head (`results/probe/`), pooled over positions, so without an interval. "
+        "Acceptance and speed-up: self-speculation at the evaluated (E, d).",
+        "",
+    ]
+    for task in tasks:
+        lines += [f"### {task}", "", *compare_table(compare_cells(results, task)), ""]
+    return lines
+
+
+def compare_rows(results: Results) -> list[dict[str, Any]]:
+    """``tables/compare.csv``: one row per comparison cell (long form)."""
+    rows = []
+    for task in results.eval_tasks():
+        for c in compare_cells(results, task):
+            interval = c.estimate.interval
+            rows.append(
+                {
+                    "task": task,
+                    "quantity": c.quantity,
+                    "label": c.label,
+                    "model": c.model,
+                    "metric": c.metric or None,
+                    "exit_layer": c.exit_layer,
+                    "num_speculations": c.num_speculations,
+                    "estimate": c.estimate.value,
+                    "low": c.estimate.low,
+                    "high": c.estimate.high,
+                    "n": c.estimate.n,
+                    "confidence": interval.confidence if interval else None,
+                    "interval_method": interval.method if interval else None,
+                    "detail": c.estimate.detail.strip() or None,
+                    "why_missing": c.why or None,
+                }
+            )
+    return rows
 
 
 def probe_layers(num_layers: int, length: int) -> list[int]:
@@ -213,8 +649,11 @@ def probe_section(results: Results) -> list[str]:
     lines = ["## Readability of intermediate layers (logit-lens probe)", ""]
     if not results.probes:
         return [*lines, NOT_RUN, ""]
-    lines += ["Agreement = fraction of positions where exiting after that layer (shared LM head) predicts the same "
-              "token as the last layer. Base vs trained shows what the early-exit recipe changes.", ""]
+    lines += [
+        "Agreement = fraction of positions where exiting after that layer (shared LM head) predicts the same "
+        "token as the last layer. Base vs trained shows what the early-exit recipe changes.",
+        "",
+    ]
     for probe in results.probes:
         lines.append(provenance_line(probe.provenance, f"`{probe.source_file}` · {probe.num_layers} layers"))
     lines.append("")
@@ -227,8 +666,9 @@ def probe_section(results: Results) -> list[str]:
             curve = probe.texts.get(kind)
             if curve is None:
                 continue
-            body.append([kind, probe.model, *[fmt(curve.agreement[i], 2) if i < len(curve.agreement) else "–"
-                                              for i in picks]])
+            body.append(
+                [kind, probe.model, *[fmt(curve.agreement[i], 2) if i < len(curve.agreement) else "–" for i in picks]]
+            )
     return [*lines, *markdown_table(header, body, "ll" + "r" * len(picks)), ""]
 
 
@@ -243,8 +683,11 @@ def certified_cell(row: CalibrationRow) -> str:
         return "–"
     if row.certified:
         return "yes"
-    too_few = row.num_calibration is not None and row.min_num_calibration is not None \
+    too_few = (
+        row.num_calibration is not None
+        and row.min_num_calibration is not None
         and row.num_calibration < row.min_num_calibration
+    )
     return f"no (n={row.num_calibration} < {row.min_num_calibration})" if too_few else "no"
 
 
@@ -262,12 +705,37 @@ def calibration_table(rows: list[tuple[str, CalibrationRow]]) -> list[str]:
     """One task's rows (model, row) sorted by model, δ, KV strategy, measure."""
     metrics = sorted({r.quality_metric for _, r in rows if r.quality_metric})
     quality = f"quality calm / greedy ({', '.join(metrics)})" if metrics else "quality calm / greedy"
-    header = ["model", "δ", "KV", "measure", "threshold", "certified", "cal. risk", "test risk", "test risk ≤ δ",
-              "avg exit layer", "speed-up", quality]
-    body = [[model, fmt(r.delta, 2), r.kv_strategy, r.measure, threshold_cell(r), certified_cell(r),
-             fmt(r.calibration_risk), fmt(r.test_risk), risk_ok_cell(r), fmt(r.avg_exit_layer, 1),
-             fmt_x(r.speedup_vs_greedy), quality_cell(r)]
-            for model, r in sorted(rows, key=lambda mr: (mr[0], mr[1].delta, mr[1].kv_strategy, mr[1].measure))]
+    header = [
+        "model",
+        "δ",
+        "KV",
+        "measure",
+        "threshold",
+        "certified",
+        "cal. risk",
+        "test risk",
+        "test risk ≤ δ",
+        "avg exit layer",
+        "speed-up",
+        quality,
+    ]
+    body = [
+        [
+            model,
+            fmt(r.delta, 2),
+            r.kv_strategy,
+            r.measure,
+            threshold_cell(r),
+            certified_cell(r),
+            fmt(r.calibration_risk),
+            fmt(r.test_risk),
+            risk_ok_cell(r),
+            fmt(r.avg_exit_layer, 1),
+            fmt_x(r.speedup_vs_greedy),
+            quality_cell(r),
+        ]
+        for model, r in sorted(rows, key=lambda mr: (mr[0], mr[1].delta, mr[1].kv_strategy, mr[1].measure))
+    ]
     return markdown_table(header, body, "lrllllrrlrrr")
 
 
@@ -279,10 +747,13 @@ def calibration_section(results: Results) -> list[str]:
     rows = [(cal.model, r) for cal in results.calibrations for r in cal.rows]
     measures = sorted({cal.speedup_measures for cal in results.calibrations if cal.speedup_measures})
     violations = sum(r.risk_ok is False for _, r in rows)
-    lines += ["Threshold calibrated with Learn-then-Test so that the risk is at most δ with probability 1 − ε "
-              "(CALM §4); when no candidate is certified the threshold falls back to λ = 1 (the full model). "
-              "Test risk is measured on held-out prompts; a test risk above δ is shown as a violation "
-              f"({violations} of {len(rows)} rows).", ""]
+    lines += [
+        "Threshold calibrated with Learn-then-Test so that the risk is at most δ with probability 1 − ε "
+        "(CALM §4); when no candidate is certified the threshold falls back to λ = 1 (the full model). "
+        "Test risk is measured on held-out prompts; a test risk above δ is shown as a violation "
+        f"({violations} of {len(rows)} rows).",
+        "",
+    ]
     lines += [f"Speed-up: {m}." for m in measures] + ([""] if measures else [])
     lines += [provenance_line(cal.provenance, f"`{cal.source_file}`") for cal in results.calibrations]
     for task in sorted({r.task for _, r in rows}):
@@ -299,8 +770,7 @@ def fmt_g(value: Any) -> str:
 
 
 def _scalars(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in data.items()
-            if k != "variant" and (isinstance(v, str | int | float | bool) or v is None)}
+    return {k: v for k, v in data.items() if k != "variant" and (isinstance(v, str | int | float | bool) or v is None)}
 
 
 def _train_value(data: dict[str, Any], key: str) -> Any:
@@ -332,8 +802,12 @@ def training_section(results: Results, papers: tuple[Paper, ...]) -> list[str]:
                     continue
                 rows.append([key, fmt_g(ours), fmt_g(paper_value)])
             if rows:
-                lines += [f"`{report.variant}` vs {paper.id} recipe `{recipe.id}` ({recipe.source}):", "",
-                          *markdown_table(["hyper-parameter", "ours", "paper"], rows), ""]
+                lines += [
+                    f"`{report.variant}` vs {paper.id} recipe `{recipe.id}` ({recipe.source}):",
+                    "",
+                    *markdown_table(["hyper-parameter", "ours", "paper"], rows),
+                    "",
+                ]
     return lines
 
 
@@ -363,13 +837,23 @@ def prediction_rows(results: Results, papers: tuple[Paper, ...]) -> list[dict[st
                     predicted = predict_speedup(r.acceptance or 0.0, s.num_speculations or 1, c_draft, c_verify)
                 except ExitbenchError as err:
                     raise ExitbenchError(f"{cost.source_file}: shape '{name}': {err}") from None
-                rows.append({
-                    "row": row.id, "shape": name, "cost_model": cost.source_file, "device": cost.device,
-                    "dtype": cost.dtype, "exit_layer": s.exit_layer, "num_speculations": s.num_speculations,
-                    "acceptance": r.acceptance, "c_draft": c_draft, "c_verify": c_verify,
-                    "predicted_speedup": round(predicted["predicted_speedup"], 4), "reported_speedup": r.speedup,
-                    "reported_over_predicted": round((r.speedup or 0.0) / predicted["predicted_speedup"], 4),
-                })
+                rows.append(
+                    {
+                        "row": row.id,
+                        "shape": name,
+                        "cost_model": cost.source_file,
+                        "device": cost.device,
+                        "dtype": cost.dtype,
+                        "exit_layer": s.exit_layer,
+                        "num_speculations": s.num_speculations,
+                        "acceptance": r.acceptance,
+                        "c_draft": c_draft,
+                        "c_verify": c_verify,
+                        "predicted_speedup": round(predicted["predicted_speedup"], 4),
+                        "reported_speedup": r.speedup,
+                        "reported_over_predicted": round((r.speedup or 0.0) / predicted["predicted_speedup"], 4),
+                    }
+                )
     return rows
 
 
@@ -378,17 +862,45 @@ def prediction_section(results: Results, papers: tuple[Paper, ...]) -> list[str]
     if not results.cost_models:
         return [*lines, NOT_RUN, ""]
     rows = prediction_rows(results, papers)
-    lines += ["The paper's acceptance rate and (E, d), with draft/verify costs measured here for the same model "
-              "shape, give an ideal speed-up (Leviathan et al. 2023, Thm 3.8, with LayerSkip's §4.3 verify cost). "
-              "Costs come from our hardware, not the paper's.", ""]
+    lines += [
+        "The paper's acceptance rate and (E, d), with draft/verify costs measured here for the same model "
+        "shape, give an ideal speed-up (Leviathan et al. 2023, Thm 3.8, with LayerSkip's §4.3 verify cost). "
+        "Costs come from our hardware, not the paper's.",
+        "",
+    ]
     if not rows:
-        return [*lines, "_No paper row matches a measured shape (set `shape:` in replications/*.yaml to a "
-                        "cost_model shape name)._", ""]
-    body = [[r["row"], r["shape"], f"{r['device']} {r['dtype']}", f"E{r['exit_layer']} d{r['num_speculations']}",
-             fmt_pct(r["acceptance"]), fmt(r["c_draft"]), fmt(r["c_verify"]), fmt_x(r["predicted_speedup"]),
-             fmt_x(r["reported_speedup"]), fmt(r["reported_over_predicted"], 2)] for r in rows]
-    header = ["paper row", "shape", "measured on", "config", "acceptance", "c_draft", "c_verify", "predicted",
-              "reported", "reported / predicted"]
+        return [
+            *lines,
+            "_No paper row matches a measured shape (set `shape:` in replications/*.yaml to a cost_model shape name)._",
+            "",
+        ]
+    body = [
+        [
+            r["row"],
+            r["shape"],
+            f"{r['device']} {r['dtype']}",
+            f"E{r['exit_layer']} d{r['num_speculations']}",
+            fmt_pct(r["acceptance"]),
+            fmt(r["c_draft"]),
+            fmt(r["c_verify"]),
+            fmt_x(r["predicted_speedup"]),
+            fmt_x(r["reported_speedup"]),
+            fmt(r["reported_over_predicted"], 2),
+        ]
+        for r in rows
+    ]
+    header = [
+        "paper row",
+        "shape",
+        "measured on",
+        "config",
+        "acceptance",
+        "c_draft",
+        "c_verify",
+        "predicted",
+        "reported",
+        "reported / predicted",
+    ]
     return [*lines, *markdown_table(header, body, "llllrrrrrr"), ""]
 
 
@@ -418,6 +930,7 @@ def render_readme(
         "Comparison with the papers, figure by figure: [`check.md`](check.md). Machine-readable: `metrics.json`, "
         "`tables/*.csv`.",
         "",
+        *compare_section(results),
         *eval_section(results, papers, profile),
         *sweep_section(results),
         *probe_section(results),
@@ -433,19 +946,60 @@ def render_readme(
 
 
 def eval_rows(results: Results) -> list[dict[str, Any]]:
+    """``tables/eval.csv``: every number with ``_low``, ``_high`` (95% interval, empty if not stored) and ``_n``."""
     metric_names = sorted({k for r in results.evals for k in r.scalar_quality()})
     rows = []
     for r in results.evals:
-        rows.append({
-            "model": r.model, "task": r.task, "method": r.method, "options": options_text(r.options), "dtype": r.dtype,
-            "num_samples": r.num_samples, "num_failed": r.num_failed,
-            **{f"quality_{k}": r.scalar_quality().get(k) for k in metric_names},
-            "time_per_token_ms": r.speed.time_per_token_ms, "speedup_vs_greedy": r.speed.speedup_vs_greedy,
-            "acceptance_rate": r.speed.acceptance_rate, "tokens_per_round": r.speed.tokens_per_round,
-            "ideal_fraction": r.speed.ideal_fraction, "exact_claimed": r.correctness.exact_claimed,
-            "num_mismatched": r.correctness.num_mismatched, "device": r.provenance.device,
-            "threads": r.provenance.threads, "git_commit": r.provenance.git_commit, "date": r.provenance.date,
-        })
+        quality: dict[str, Any] = {}
+        for k in metric_names:
+            quality.update(estimate_columns(f"quality_{k}", quality_estimate(r, k, results.evals)))
+        rows.append(
+            {
+                "model": r.model,
+                "task": r.task,
+                "method": r.method,
+                "base_method": r.family,
+                "options": options_text(r.options),
+                "dtype": r.dtype,
+                "num_samples": r.num_samples,
+                "num_failed": r.num_failed,
+                **quality,
+                "quality_from": quality_source(r, results.evals).method
+                if quality_source(r, results.evals) is not r
+                else None,
+                "time_per_token_ms": r.speed.time_per_token_ms,
+                **estimate_columns("speedup_vs_greedy", speed_estimate(r, "speedup_vs_greedy")),
+                **estimate_columns("acceptance_rate", speed_estimate(r, "acceptance_rate")),
+                "tokens_per_round": r.speed.tokens_per_round,
+                "ideal_fraction": r.speed.ideal_fraction,
+                "exact_claimed": r.correctness.exact_claimed,
+                "num_mismatched": r.correctness.num_mismatched,
+                **estimate_columns("mismatch_rate", speed_estimate(r, "mismatch_rate")),
+                "sample_seed": (r.sample or {}).get("seed"),
+                "device": r.provenance.device,
+                "threads": r.provenance.threads,
+                "git_commit": r.provenance.git_commit,
+                "date": r.provenance.date,
+            }
+        )
+    return rows
+
+
+def per_domain_rows(results: Results) -> list[dict[str, Any]]:
+    """``tables/per_domain.csv``: TOPv2 exact match per (model, method, domain) with interval and n."""
+    rows = []
+    for r in sorted(results.evals, key=lambda r: (r.task, r.model, result_key(r))):
+        for domain in domains_of([r, quality_source(r, results.evals)]):
+            estimate = quality_estimate(r, f"per_domain/{domain}", results.evals)
+            rows.append(
+                {
+                    "model": r.model,
+                    "task": r.task,
+                    "method": r.method,
+                    "domain": domain,
+                    **estimate_columns("exact_match", estimate),
+                }
+            )
     return rows
 
 
@@ -454,12 +1008,16 @@ def probe_rows(results: Results) -> list[dict[str, Any]]:
     for probe in results.probes:
         for kind, curve in sorted(probe.texts.items()):
             for i, agreement in enumerate(curve.agreement):
-                rows.append({
-                    "model": probe.model, "text": kind, "layer": i + 1 if len(curve.agreement) == probe.num_layers
-                    else i, "agreement": agreement,
-                    "median_rank": curve.median_rank[i] if curve.median_rank else None,
-                    "confidence": curve.confidence[i] if curve.confidence else None,
-                })
+                rows.append(
+                    {
+                        "model": probe.model,
+                        "text": kind,
+                        "layer": i + 1 if len(curve.agreement) == probe.num_layers else i,
+                        "agreement": agreement,
+                        "median_rank": curve.median_rank[i] if curve.median_rank else None,
+                        "confidence": curve.confidence[i] if curve.confidence else None,
+                    }
+                )
     return rows
 
 
@@ -472,15 +1030,26 @@ def paper_rows(papers: tuple[Paper, ...]) -> list[dict[str, Any]]:
     for paper in papers:
         for row in paper.rows:
             value = row.paper_speedup
-            rows.append({
-                "paper": paper.id, "row": row.id, "table": row.source.table, "model": row.setting.model,
-                "hardware": row.setting.hardware, "task": row.maps_to.task, "method": row.maps_to.method,
-                "exit_layer": row.setting.exit_layer, "num_speculations": row.setting.num_speculations,
-                "speedup": value[0] if value else None, "speedup_derived": value[1] if value else None,
-                "acceptance": row.reported.acceptance, "quality_metric": row.setting.metric,
-                "quality": row.reported.quality.get(row.setting.metric), "headline": row.headline,
-                "unverified": row.unverified,
-            })
+            rows.append(
+                {
+                    "paper": paper.id,
+                    "row": row.id,
+                    "table": row.source.table,
+                    "model": row.setting.model,
+                    "hardware": row.setting.hardware,
+                    "task": row.maps_to.task,
+                    "method": row.maps_to.method,
+                    "exit_layer": row.setting.exit_layer,
+                    "num_speculations": row.setting.num_speculations,
+                    "speedup": value[0] if value else None,
+                    "speedup_derived": value[1] if value else None,
+                    "acceptance": row.reported.acceptance,
+                    "quality_metric": row.setting.metric,
+                    "quality": row.reported.quality.get(row.setting.metric),
+                    "headline": row.headline,
+                    "unverified": row.unverified,
+                }
+            )
     return rows
 
 
@@ -502,25 +1071,40 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _metric_entry(name: str, estimate: Estimate) -> dict[str, Any]:
+    """``name``, plus ``name_low``/``name_high`` when an interval is stored, and ``name_n``."""
+    entry: dict[str, Any] = {name: _round(estimate.value)}
+    if estimate.interval is not None:
+        entry.update({f"{name}_low": _round(estimate.low), f"{name}_high": _round(estimate.high)})
+    return {**entry, f"{name}_n": estimate.n}
+
+
 def metrics(results: Results) -> dict[str, Any]:
-    """Headline numbers for ``dvc metrics show``: keys like ``eval/<model>/<task>/<method>``."""
+    """Headline numbers for ``dvc metrics show``: keys like ``eval/<model>/<task>/<method>``, each number with
+    its 95% interval (``_low``, ``_high``) where the result stores one and its sample size (``_n``)."""
     out: dict[str, Any] = {"eval": {}, "sweep": {}, "calibrate": {}}
     for r in results.evals:
         primary = PRIMARY_METRIC.get(r.task)
-        entry = {"speedup": _round(r.speed.speedup_vs_greedy), "ms_per_token": _round(r.speed.time_per_token_ms),
-                 "acceptance": _round(r.speed.acceptance_rate)}
-        if primary in r.scalar_quality():
-            entry[primary] = r.scalar_quality()[primary]
+        entry = {
+            **_metric_entry("speedup", speed_estimate(r, "speedup_vs_greedy")),
+            "ms_per_token": _round(r.speed.time_per_token_ms),
+            **_metric_entry("acceptance", speed_estimate(r, "acceptance_rate")),
+        }
+        quality = quality_estimate(r, primary, results.evals) if primary else Estimate(None)
+        if quality.value is not None:
+            entry.update(_metric_entry(primary or "", quality))
+        if r.correctness.mismatch_rate is not None:
+            entry.update(_metric_entry("mismatch_rate", speed_estimate(r, "mismatch_rate")))
         out["eval"][f"{r.model}/{r.task}/{r.method}"] = entry
     if results.sweep is not None:
         for model, dtype in sorted({(r.model, r.dtype) for r in results.sweep.rows}):
-            rows = [r for r in results.sweep.rows if (r.model, r.dtype) == (model, dtype) and r.speedup_vs_greedy
-                    and r.method != "autoregressive"]
-            if rows:
-                best = max(rows, key=lambda r: r.speedup_vs_greedy or 0.0)
+            best = best_sweep_row(r for r in results.sweep.rows if (r.model, r.dtype) == (model, dtype))
+            if best is not None:
                 out["sweep"][f"{model}/{dtype}"] = {
-                    "best_speedup": best.speedup_vs_greedy, "best_exit_layer": best.exit_layer,
-                    "best_num_speculations": best.num_speculations, "best_acceptance": best.acceptance_rate,
+                    **_metric_entry("best_speedup", sweep_estimate(best, "speedup_vs_greedy")),
+                    "best_exit_layer": best.exit_layer,
+                    "best_num_speculations": best.num_speculations,
+                    **_metric_entry("best_acceptance", sweep_estimate(best, "acceptance_rate")),
                 }
     for cal in results.calibrations:
         for r in cal.rows:
@@ -542,6 +1126,8 @@ def write_text_outputs(
     tables = out_dir / "tables"
     candidates = {
         "eval.csv": eval_rows(results),
+        "per_domain.csv": per_domain_rows(results),
+        "compare.csv": compare_rows(results),
         "sweep.csv": [r.model_dump() for r in results.sweep.rows] if results.sweep else [],
         "probe.csv": probe_rows(results),
         "calibrate.csv": calibration_rows(results),

@@ -1,0 +1,353 @@
+"""Claims independent of hardware kind and model size: the verdict rule, the paper's curve, malformed claims,
+missing models (never replaced by another), and the whole check over fake result files."""
+
+from __future__ import annotations
+
+import json
+import math
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exitbench.cost_model import predict_speedup
+from exitbench.errors import ExitbenchError
+from exitbench.replications import claim_paper_values, load_paper, load_replications
+from exitbench.report.check import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, Band
+from exitbench.report.claims import (
+    claim_band,
+    clopper_pearson,
+    interpolate,
+    interval_verdict,
+    run_claims,
+)
+from exitbench.report.results import load_results
+from exitbench.stats import Interval, mean_interval, ratio_interval
+
+REPO = Path(__file__).resolve().parent.parent
+PAPERS = load_replications(REPO / "replications")
+LAYERSKIP = next(p for p in PAPERS if p.id == "layerskip")
+CLAIMS = {c.id: c for p in PAPERS for c in p.claims}
+
+
+def _iv(low: float, high: float, estimate: float | None = None) -> Interval:
+    return Interval((low + high) / 2 if estimate is None else estimate, low, high, 40)
+
+
+# ------------------------------------------------------------------------------------------ verdict rule
+
+
+@pytest.mark.parametrize(
+    ("ours", "verdict"),
+    [
+        ((0.86, 0.92), REPRODUCED),        # inside
+        ((0.84, 0.94), REPRODUCED),        # exactly on both edges counts as inside
+        ((0.70, 0.80), NOT_REPRODUCED),    # entirely below
+        ((0.95, 0.99), NOT_REPRODUCED),    # entirely above
+        ((0.80, 0.88), INCONCLUSIVE),      # straddles the lower edge
+        ((0.90, 0.97), INCONCLUSIVE),      # straddles the upper edge
+        ((0.70, 0.99), INCONCLUSIVE),      # covers the whole band
+    ],
+)
+def test_within_band(ours: tuple[float, float], verdict: str) -> None:
+    assert interval_verdict(_iv(*ours), Band(0.84, 0.94)) == verdict
+
+
+def test_at_most_and_above_bands() -> None:
+    at_most = Band(-math.inf, 0.05)
+    assert interval_verdict(_iv(0.0, 0.036, 0.0), at_most) == REPRODUCED
+    assert interval_verdict(_iv(0.0, 0.05, 0.0), at_most) == REPRODUCED  # the edge is inside
+    assert interval_verdict(_iv(0.0, 0.106, 0.0), at_most) == INCONCLUSIVE
+    assert interval_verdict(_iv(0.08, 0.3), at_most) == NOT_REPRODUCED
+    above = Band(0.0, math.inf, open_low=True)  # "exceeds": a gain of exactly 0 does not exceed
+    assert interval_verdict(_iv(0.1, 0.5), above) == REPRODUCED
+    assert interval_verdict(_iv(0.0, 0.0), above) == NOT_REPRODUCED
+    assert interval_verdict(_iv(-0.3, -0.1), above) == NOT_REPRODUCED
+    assert interval_verdict(_iv(-0.1, 0.3), above) == INCONCLUSIVE
+
+
+def test_claim_band_from_tolerance() -> None:
+    acceptance = CLAIMS["ls-claim-acceptance-vs-depth"]
+    assert claim_band(acceptance, 0.89) == Band(pytest.approx(0.84), pytest.approx(0.94))
+    speedup = CLAIMS["ls-claim-cpu-speedup-self-spec"]  # relative: ±15% of the value
+    band = claim_band(speedup, 2.0)
+    assert (band.low, band.high) == (pytest.approx(1.7), pytest.approx(2.3))
+    exact = CLAIMS["ls-claim-self-spec-exact"]
+    assert claim_band(exact, 0.0) == Band(-math.inf, 0.05)
+    gain = CLAIMS["ls-claim-exit-quality-vs-control"]
+    assert claim_band(gain, 0.0) == Band(0.0, math.inf, open_low=True)
+
+
+def test_clopper_pearson_zero_of_n_is_about_rule_of_three() -> None:
+    interval = clopper_pearson(0, 100)
+    assert interval.low == 0 and interval.estimate == 0
+    assert 3 / 100 < interval.high < 3.7 / 100 + 1e-3  # two-sided 95%: 1 - 0.025^(1/n)
+    assert clopper_pearson(10, 50).low > 0.05
+
+
+# ------------------------------------------------------------------------------------------ paper curve
+
+
+def test_interpolation_of_the_papers_curve() -> None:
+    points = [(x, y) for x, y, _ in claim_paper_values(CLAIMS["ls-claim-acceptance-vs-depth"], LAYERSKIP.rows_by_id)]
+    assert sorted(points) == [(0.25, 0.76), (0.5, 0.976), (0.75, 0.989)]  # Table 6, read from the rows
+    assert interpolate(points, 0.25) == pytest.approx(0.76)
+    assert interpolate(points, 12 / 30) == pytest.approx(0.76 + 0.6 * (0.976 - 0.76))
+    assert interpolate(points, 0.625) == pytest.approx((0.976 + 0.989) / 2)
+    assert interpolate(points, 0.75) == pytest.approx(0.989)
+    assert interpolate(points, 4 / 30) is None and interpolate(points, 28 / 30) is None  # no extrapolation
+
+
+def test_paper_values_are_read_from_the_rows() -> None:
+    fraction = claim_paper_values(CLAIMS["ls-claim-exit-quality-fraction"], LAYERSKIP.rows_by_id)
+    assert [round(y, 4) for _, y, _ in sorted(fraction)] == [round(0.629 / 0.829, 4), round(0.794 / 0.829, 4),
+                                                              round(0.833 / 0.829, 4)]
+    (_, cost, _), = claim_paper_values(CLAIMS["ls-claim-last-layer-cost"], LAYERSKIP.rows_by_id)
+    assert cost == pytest.approx(0.829 - 0.859)
+    speedups = claim_paper_values(CLAIMS["ls-claim-cpu-speedup-self-spec"], LAYERSKIP.rows_by_id)
+    assert sorted((x, y) for x, y, _ in speedups) == [(0.25, 1.90), (0.5, 1.59), (0.75, 1.23)]  # Table 11
+
+
+# ------------------------------------------------------------------------------------------ malformed claims
+
+
+def _broken(tmp_path: Path, old: str, new: str) -> Path:
+    text = (REPO / "replications" / "layerskip.yaml").read_text()
+    assert old in text
+    path = tmp_path / "layerskip.yaml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("    maps_to: {task: topv2, models: [layerskip], method: self_speculative}\n    tolerance: 0.05\n",
+         "    maps_to: {task: topv2, modls: [layerskip], method: self_speculative}\n    tolerance: 0.05\n",
+         "claim 'ls-claim-acceptance-vs-depth': unknown key 'maps_to.modls'"),
+        ("    kind: exit_quality_fraction\n", "    kind: exit_quality_fractoin\n",
+         "claim 'ls-claim-exit-quality-fraction': 'kind': Input should be"),
+        ("control: plain, method: autoregressive, metric: exact_match}\n",
+         "method: autoregressive, metric: exact_match}\n",
+         "claim 'ls-claim-last-layer-cost': 'maps_to.control': kind 'last_layer_cost' needs it"),
+        ("      reference_row: ls-t6-llama-1.5b-topv2-self-spec-e6\n",
+         "      reference_row: ls-t6-llama-1.5b-topv2-self-spec-e7\n",
+         "claim 'ls-claim-exit-quality-fraction': 'paper.reference_row': unknown row "
+         "'ls-t6-llama-1.5b-topv2-self-spec-e7'"),
+        ("    tolerance: 0.10\n", "    tolerance: -0.10\n",
+         "claim 'ls-claim-exit-quality-fraction': 'tolerance': Input should be greater than or equal to 0"),
+    ],
+)
+def test_malformed_claim_is_one_line_naming_file_claim_and_key(tmp_path: Path, old: str, new: str,
+                                                                expected: str) -> None:
+    path = _broken(tmp_path, old, new)
+    with pytest.raises(ExitbenchError) as err:
+        load_paper(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: {expected}"), message
+    assert "\n" not in message
+
+
+def test_a_claim_id_may_not_repeat_a_row_or_claim_id(tmp_path: Path) -> None:
+    path = _broken(tmp_path, "  - id: ls-claim-last-layer-cost\n", "  - id: ls-claim-acceptance-vs-depth\n")
+    with pytest.raises(ExitbenchError, match="duplicate claim id"):
+        load_paper(path)
+
+
+# ------------------------------------------------------------------------------------------ fake results
+
+N = 40
+PROVENANCE = {"git_commit": "0" * 40, "device": "AMD EPYC 7R13 Processor", "date": "2026-01-01", "command": "test",
+              "num_parameters": 134_515_008}
+
+
+def _summary(model: str, method: str, scores: list[float], *, options: dict[str, Any] | None = None,
+             speed: dict[str, Any] | None = None, correctness: dict[str, Any] | None = None,
+             intervals: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "task": "topv2", "method": method, "model": model, "options": options or {}, "num_samples": len(scores),
+        "quality": {"exact_match": sum(scores) / len(scores)},
+        "speed": {"time_per_token_ms": 10.0, "speedup_vs_greedy": 1.0, "acceptance_rate": None, **(speed or {})},
+        "correctness": {"exact_claimed": False, **(correctness or {})}, "dtype": "float32",
+        "provenance": PROVENANCE, "model_info": {"num_layers": 30, "num_parameters": 134_515_008},
+        "sample_ids": [str(i) for i in range(len(scores))], "intervals": intervals or {},
+    }
+
+
+def _write(root: Path, summary: dict[str, Any], records: list[dict[str, Any]] | None = None) -> None:
+    target = root / "eval" / summary["model"] / summary["task"]
+    target.mkdir(parents=True, exist_ok=True)
+    (target / f"{summary['method']}.json").write_text(json.dumps(summary))
+    if records is not None:
+        lines = [json.dumps({"key": "old-layout header"}), *(json.dumps(r) for r in records), '{"torn']
+        (target / f"{summary['method']}.jsonl").write_text("\n".join(lines))
+
+
+def _records(scores: list[float], decode: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    return [{"index": i, "sample_id": str(i), "scores": {"exact_match": s}, "error": None,
+             "decode": (decode or [{}] * len(scores))[i]} for i, s in enumerate(scores)]
+
+
+LS_AR = [1.0] * 30 + [0.0] * 10             # layerskip last layer: 30 / 40
+LS_EE = [1.0] * 27 + [0.0] * 13             # layerskip early exit at E=12: 27 / 40 (fraction 0.9)
+PLAIN_AR = [1.0] * 32 + [0.0] * 8           # plain last layer: 32 / 40
+PLAIN_EE = [1.0] * 5 + [0.0] * 35           # plain early exit at E=12: 5 / 40
+ACCEPTED = [18.0 if i % 2 else 17.0 for i in range(N)]  # of 20 drafted: acceptance 0.875
+
+
+def _sweep_row(speedup_factor: float, exit_layer: int) -> dict[str, Any]:
+    predicted = predict_speedup(0.5, 2, 0.4, 0.7)["predicted_speedup"]
+    return {"model": "layerskip", "dtype": "float32", "method": "self_speculative", "exit_layer": exit_layer,
+            "num_speculations": 2, "time_per_token_ms": 10.0, "speedup_vs_greedy": predicted * speedup_factor,
+            "acceptance_rate": 0.5, "c_draft": 0.4, "c_verify": 0.7, "num_prompts": 4, "max_new_tokens": 32}
+
+
+def _calibration(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "layerskip", "risk": "textual", "results": rows, "provenance": PROVENANCE}
+
+
+def _cal_row(measure: str, layer: float, **more: Any) -> dict[str, Any]:
+    return {"task": "topv2", "measure": measure, "kv_strategy": "propagate", "delta": 0.2, "threshold": 0.5,
+            "certified": True, "test_risk": 0.05, "num_test": 1000, "avg_exit_layer": layer, **more}
+
+
+@pytest.fixture
+def fake_results(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    twelve = {"exit_layer": 12, "num_speculations": 1}
+    decode = [{"num_accepted": a, "num_drafted": 20.0} for a in ACCEPTED]
+    _write(root, _summary("layerskip", "autoregressive", LS_AR), _records(LS_AR))
+    _write(root, _summary("layerskip", "early_exit", LS_EE, options={"exit_layer": 12},
+                          intervals={"speedup_vs_greedy": {"estimate": 2.0, "low": 1.9, "high": 2.1, "n": N}}),
+           _records(LS_EE))
+    _write(root, _summary("layerskip", "self_speculative", LS_AR, options=twelve,
+                          speed={"acceptance_rate": 0.875, "speedup_vs_greedy": 1.7},
+                          correctness={"exact_claimed": True, "num_compared": 100, "num_mismatched": 0},
+                          intervals={"speedup_vs_greedy": {"estimate": 1.7, "low": 1.6, "high": 1.8, "n": N}}),
+           _records(LS_AR, decode))
+    _write(root, _summary("plain", "autoregressive", PLAIN_AR), _records(PLAIN_AR))
+    _write(root, _summary("plain", "early_exit", PLAIN_EE, options={"exit_layer": 12}), _records(PLAIN_EE))
+    _write(root, _summary("plain", "self_speculative", PLAIN_AR, options=twelve,
+                          correctness={"exact_claimed": True, "num_compared": 50, "num_mismatched": 10}))
+    _write(root, _summary("base", "autoregressive", LS_AR), _records(LS_AR))  # never a stand-in for plain
+    (root / "bench").mkdir()
+    (root / "bench" / "sweep.json").write_text(json.dumps(
+        {"rows": [_sweep_row(0.9, 8), _sweep_row(1.3, 4)], "provenance": PROVENANCE}))
+    (root / "calibrate").mkdir()
+    rows = [_cal_row("softmax", 10.0), _cal_row("classifier", 14.0), _cal_row("state", 29.0),
+            _cal_row("softmax", 30.0, delta=0.1, certified=False, threshold=1.0, test_risk=0.0)]
+    (root / "calibrate" / "layerskip.json").write_text(json.dumps(_calibration(rows)))
+    return root
+
+
+def _by_claim(results_dir: Path) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for v in run_claims(PAPERS, load_results(results_dir)):
+        out.setdefault(v.claim_id, []).append(v)
+    return out
+
+
+def test_every_claim_gets_its_verdict_over_fake_results(fake_results: Path) -> None:
+    got = _by_claim(fake_results)
+    (acceptance,) = got["ls-claim-acceptance-vs-depth"]
+    assert acceptance.paper_value == pytest.approx(0.76 + 0.6 * 0.216)  # Table 6 read at E/L = 12/30
+    assert acceptance.ours.estimate == pytest.approx(0.875) and acceptance.ours.low < 0.875 < acceptance.ours.high
+    assert acceptance.verdict == REPRODUCED and "E=12/30" in acceptance.subject
+
+    (fraction,) = got["ls-claim-exit-quality-fraction"]  # paired over shared sample ids
+    expected = ratio_interval(LS_EE, LS_AR)
+    assert (fraction.ours.low, fraction.ours.high) == pytest.approx((expected.low, expected.high))
+    assert fraction.verdict == interval_verdict(expected, fraction.band)
+
+    (gain,) = got["ls-claim-exit-quality-vs-control"]
+    assert gain.ours.estimate == pytest.approx(27 / 30 - 5 / 32)
+    assert gain.verdict == REPRODUCED and "layerskip vs plain" in gain.subject
+
+    (cost,) = got["ls-claim-last-layer-cost"]
+    diff = mean_interval([a - b for a, b in zip(LS_AR, PLAIN_AR, strict=True)])
+    assert cost.ours.estimate == pytest.approx(-0.05) and cost.ours.low == pytest.approx(diff.low)
+    assert cost.paper_value == pytest.approx(-0.03)
+    assert cost.verdict == INCONCLUSIVE  # n = 40 cannot tell -0.05 from the band [-0.06, 0]
+
+    exact = {v.subject.split(",")[0]: v for v in got["ls-claim-self-spec-exact"]}
+    assert exact["layerskip"].verdict == REPRODUCED and exact["layerskip"].ours.n == 100
+    assert exact["plain"].verdict == NOT_REPRODUCED  # 10 of 50 mismatched
+    assert exact["base"].verdict == NOT_MEASURED  # no self_speculative result for base
+
+    (self_spec,) = got["ls-claim-cpu-speedup-self-spec"]  # the summary's own interval comes first
+    assert (self_spec.ours.low, self_spec.ours.high) == (1.6, 1.8) and self_spec.verdict == REPRODUCED
+    assert any("model size: ours 135M vs paper 1.5B" in n for n in self_spec.notes)
+    (early,) = got["ls-claim-cpu-speedup-early-exit"]
+    assert early.verdict == NOT_REPRODUCED  # 2.0 [1.9, 2.1] vs the band around 2.68
+
+    bound = {v.subject: v for v in got["ls-claim-spec-bound-ours"]}
+    sweep = bound["layerskip, self_speculative (sweep)"]
+    assert sweep.verdict == NOT_REPRODUCED and sweep.ours.estimate == pytest.approx(1.3)  # the worst row decides
+    assert all(v.verdict == REPRODUCED for v in got["ls-claim-spec-bound-paper"])
+
+    (risk,) = got["calm-claim-risk-guarantee"]  # the uncertified δ is no claim of the method
+    assert risk.verdict == REPRODUCED and risk.ours.high < 0.2 and "3 checked" in risk.notes[0]
+    (order,) = got["calm-claim-measure-order"]
+    assert order.verdict == REPRODUCED and order.subject == "layerskip: softmax < classifier < state"
+
+
+def test_missing_control_is_not_measured_and_never_replaced_by_base(fake_results: Path) -> None:
+    for path in sorted((fake_results / "eval" / "plain").rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    (fake_results / "eval" / "plain").rmdir()
+    got = _by_claim(fake_results)
+    for claim_id in ("ls-claim-exit-quality-vs-control", "ls-claim-last-layer-cost"):
+        (verdict,) = got[claim_id]
+        assert verdict.verdict == NOT_MEASURED and verdict.ours is None
+        assert "the control model 'plain'" in verdict.reasons[0]
+        assert "base" not in verdict.subject
+    assert got["ls-claim-acceptance-vs-depth"][0].verdict == REPRODUCED  # claims on layerskip alone still run
+
+
+def test_a_claim_naming_a_model_the_results_lack_is_not_measured(fake_results: Path) -> None:
+    claim = CLAIMS["ls-claim-acceptance-vs-depth"]
+    renamed = claim.model_copy(update={"maps_to": claim.maps_to.model_copy(update={"models": ("layerskip-7b",)})})
+    paper = LAYERSKIP.model_copy(update={"claims": (renamed,)})
+    (verdict,) = run_claims((paper,), load_results(fake_results))
+    assert verdict.verdict == NOT_MEASURED and verdict.ours is None
+    assert verdict.reasons == ("no evaluate results for model 'layerskip-7b'",)
+
+
+def test_intervals_fall_back_to_the_summaries_without_per_sample_records(fake_results: Path) -> None:
+    for path in (fake_results / "eval").rglob("*.jsonl"):
+        path.unlink()
+    got = _by_claim(fake_results)
+    (acceptance,) = got["ls-claim-acceptance-vs-depth"]
+    assert acceptance.ours.low == acceptance.ours.high == 0.875 and "point only" in acceptance.notes[0]
+    (fraction,) = got["ls-claim-exit-quality-fraction"]
+    assert fraction.ours.estimate == pytest.approx(0.9) and "conservative" in fraction.ours.method
+
+
+def test_depth_outside_the_papers_range_is_not_measured(fake_results: Path) -> None:
+    path = fake_results / "eval" / "layerskip" / "topv2" / "self_speculative.json"
+    data = json.loads(path.read_text())
+    data["options"]["exit_layer"] = 4  # 4/30 = 0.13 < the paper's 6/24 = 0.25
+    path.write_text(json.dumps(data))
+    (acceptance,) = _by_claim(fake_results)["ls-claim-acceptance-vs-depth"]
+    assert acceptance.verdict == NOT_MEASURED and "outside the paper's 0.25–0.75" in acceptance.reasons[0]
+
+
+def test_check_cli_opens_with_the_claims_table(tmp_path: Path, fake_results: Path) -> None:
+    config = tmp_path / "check.json"
+    config.write_text(json.dumps({"profile": "cpu", "base": {}, "check": {"default_tolerance": 0.15}}))
+    main = runpy.run_path(str(REPO / "pipelines" / "check.py"))["main"]
+    out = tmp_path / "out"
+    assert main(["--config", str(config), "--results", str(fake_results), "--replications",
+                 str(REPO / "replications"), "--out", str(out)]) == 0
+    report = json.loads((out / "check.json").read_text())
+    assert sum(report["summary"].values()) == len(report["claims"]) + len(report["verdicts"])
+    assert report["summary_claims"][INCONCLUSIVE] >= 1
+    claim = next(c for c in report["claims"] if c["claim"] == "ls-claim-acceptance-vs-depth")
+    assert claim["verdict"] == REPRODUCED and claim["ours"]["n"] == N and claim["band"]["text"] == "[0.84, 0.94]"
+    markdown = (out / "check.md").read_text()
+    claims_at, figures_at = markdown.index("## Claims"), markdown.index("## Published figures")
+    assert claims_at < figures_at
+    header = "| claim | source | paper value | ours (interval, n) | tol. | verdict | note |"
+    assert claims_at < markdown.index(header) < figures_at
+    assert "`ls-claim-acceptance-vs-depth`: layerskip, topv2, self_speculative E=12/30" in markdown
