@@ -362,7 +362,9 @@ def intervals(
 
     Quality metrics over ``scored`` (the (sample, record) pairs the reported quality comes from; TOPv2's
     per-domain exact match as ``per_domain/<domain>``); speed-up paired per sample with greedy's record of
-    the same sample; acceptance = accepted / drafted over samples; mismatch rate over compared samples.
+    the same sample; acceptance = accepted / drafted over samples; mismatch rate over compared samples;
+    ``fraction_of_greedy/<metric>`` = sum of the method's scores / greedy's over the samples both scored
+    (early exit's share of the last layer's quality), pairs resampled together.
     """
     seed = task.settings.seed
     out: dict[str, dict[str, Any]] = {}
@@ -391,6 +393,11 @@ def intervals(
         if pairs:
             mismatched = [float(first_divergence(r["tokens"], g["tokens"]) is not None) for r, g in pairs]
             out["mismatch_rate"] = mean_interval(mismatched, seed).to_dict()
+        for metric in metrics:  # the method's quality as a fraction of greedy's (last layer), paired by sample
+            mine_scores = [float(r["scores"].get(metric, 0.0)) for r, _ in pairs]
+            greedy_scores = [float(g["scores"].get(metric, 0.0)) for _, g in pairs]
+            if pairs and sum(greedy_scores) > 0:
+                out[f"fraction_of_greedy/{metric}"] = ratio_interval(mine_scores, greedy_scores, seed).to_dict()
     return out
 
 

@@ -81,3 +81,19 @@ def test_every_summary_carries_intervals_and_labels(tiny_model, tmp_path):
     assert spec["num_samples"] == 4 and spec["intervals"]["exact_match"]["n"] == 8  # greedy's quality sample
     assert spec["intervals"]["acceptance_rate"]["estimate"] == pytest.approx(spec["speed"]["acceptance_rate"])
     assert spec["intervals"]["mismatch_rate"]["high"] == 0.0  # exact: no sample differs from greedy
+
+
+def test_early_exit_quality_as_a_paired_fraction_of_greedy():
+    from exitbench.evaluation import intervals
+    from exitbench.tasks.base import Sample
+    from exitbench.tasks.registry import build_task
+
+    task = build_task("topv2")
+    samples = [Sample(f"alarm-test-{i}", "u\n", "p", {"domain": "alarm"}) for i in range(40)]
+    decode = {"num_tokens": 5, "wall_time_s": 0.1, "num_accepted": 0, "num_drafted": 0}
+    greedy = [{"scores": {"exact_match": float(i % 2 == 0)}, "tokens": [1], "decode": decode} for i in range(40)]
+    early = [{"scores": {"exact_match": float(i % 4 == 0)}, "tokens": [1], "decode": decode} for i in range(40)]
+    found = intervals(task, list(zip(samples, early, strict=True)), early, greedy)
+    fraction = found["fraction_of_greedy/exact_match"]
+    assert fraction["estimate"] == pytest.approx(0.5) and fraction["low"] < 0.5 < fraction["high"] <= 1.0
+    assert fraction["n"] == 40

