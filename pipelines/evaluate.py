@@ -30,6 +30,17 @@ def check_method_exit_layers(evaluate: EvaluateConfig, models_dir: Path) -> None
             check_exit_layers(key, [layer], num_layers)
 
 
+def remove_stale_summaries(out: Path, rows: list[dict]) -> list[Path]:
+    """Delete the summary JSONs under ``out`` that this run did not write (a method, task or model no longer in
+    params.yaml, or one from before a retrain), so the report and check read only this run's results. The
+    per-sample record files (``*.jsonl``) stay: they are the resumable store, keyed by settings and sample."""
+    written = {out / row["model"] / row["task"] / f"{row['method']}.json" for row in rows}
+    stale = [path for path in sorted(out.glob("*/*/*.json")) if path not in written and path.name != "draft_vocab.json"]
+    for path in stale:
+        path.unlink()
+    return stale
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="build/config/evaluate.json")
@@ -41,6 +52,8 @@ def main() -> None:
     set_threads(cfg.base.threads)
     check_method_exit_layers(cfg.evaluate, Path(args.models_dir))
     rows = evaluate_all(cfg, Path(args.models_dir), Path(args.data), Path(args.out))
+    for path in remove_stale_summaries(Path(args.out), rows):
+        print(f"evaluate: removed {path} (not part of this run's settings)")
     for row in rows:
         speedup = row["speedup_vs_greedy"]
         shown = f"{speedup:.2f}x" if speedup is not None else "-"
