@@ -175,8 +175,8 @@ def test_registered_tasks_build_prompts(name):
         assert samples[0].prompt.endswith(f"Article: {article}\nSummary:")
         assert samples[0].prompt.startswith("Article: Shot ")  # the one-shot example comes from the shots split
     if name == "humaneval":
-        assert task.score(samples[0], "    return 1\n")["pass@1"] == 1.0
-        assert task.score(samples[0], "    return 2\n")["pass@1"] == 0.0
+        assert task.score(samples[0], "\n    return 1\n")["pass@1"] == 1.0
+        assert task.score(samples[0], "\n    return 2\n")["pass@1"] == 0.0
     if name == "topv2":
         assert task.score(samples[0], " [IN:CREATE_ALARM ] ")["exact_match"] == 1.0
         assert task.aggregate(samples, [{"exact_match": 1.0}])["per_domain"] == {"alarm": 1.0}

@@ -188,9 +188,11 @@ def test_humaneval_parses_metric(monkeypatch):
     row = {"task_id": "H/0", "prompt": 'def f(x):\n    """Twice x."""\n', "canonical_solution": "    return 2 * x\n",
            "test": "", "entry_point": "f"}  # fmt: skip
     sample = task.samples([row], 1)[0]
-    assert task.score(sample, "    return 2 * x\n")["parses"] == 1.0
-    assert task.score(sample, "    return (2 *")["parses"] == 0.0  # a body cut mid-expression does not parse
-    assert task.version >= 2
+    assert sample.prompt == 'def f(x):\n    """Twice x."""'  # the model writes the newline + indentation
+    assert task.score(sample, "\n    return 2 * x\n")["parses"] == 1.0
+    assert task.score(sample, "\n    return (2 *")["parses"] == 0.0  # a body cut mid-expression does not parse
+    assert task.score(sample, "\n")["parses"] == 0.0  # an empty body would parse, but counts as a failure
+    assert task.version >= 3
     assert parses("x = 1\n") and not parses("x = (\n")
 
 

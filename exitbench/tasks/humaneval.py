@@ -1,6 +1,10 @@
 """HumanEval (Chen et al. 2021): complete a Python function; pass@1 in a sandbox, ROUGE-2, and parse rate.
 
-Protocol: code completion. The prompt is the raw HumanEval prompt (imports, signature and docstring); the
+Protocol: code completion. The prompt is the HumanEval prompt (imports, signature and docstring) without its
+trailing newline, so the model writes the line break and the body's indentation itself: BPE tokenizers
+(SmolLM2's among them) merge a newline with the indentation that follows (``"\\n   "`` is one token), and a
+prompt ending in a bare newline token puts the model where, in its training text, a blank line or a new
+``def`` follows, not a body (measured: every completion of the base and plain models was empty). The
 completion is the function body and ends at the next top-level statement: the decoder stops on the
 human-eval stop sequences (``\\ndef``, ``\\nclass``, ``\\nif``, ``\\nprint``, ``\\n#``) and
 :meth:`HumanEval.postprocess` also cuts at the first non-empty line without indentation. pass@k with the
@@ -21,8 +25,8 @@ from exitbench.tasks.base import Sample, Task, register_task, require
 from exitbench.tasks.metrics import pass_at_k, rouge_scores
 from exitbench.tasks.sandbox import check_completion
 
-# A new top-level statement: a non-empty line that starts without indentation. HumanEval prompts end with a
-# newline, so the completion's first line is a line start too.
+# A new top-level statement: a non-empty line that starts without indentation (the completion's first line
+# ends the prompt's closing docstring line, so it is empty).
 TOP_LEVEL_LINE = re.compile(r"^[^\s]", re.MULTILINE)
 
 
@@ -45,10 +49,10 @@ class HumanEval(Task):
     primary_metric = "pass@1"
     runs_generated_code = True
     id_field = "task_id"
-    version = 2  # 2: completion cut at the next top-level statement, `parses` metric, seeded sample
+    version = 3  # 2: completion cut at the next top-level statement, `parses` metric, seeded sample; 3: prompt rstrip
 
     def make_sample(self, index: int, row: dict[str, Any]) -> Sample:
-        prompt = require(row, "prompt", self.name)
+        prompt = require(row, "prompt", self.name).rstrip()
         return Sample(require(row, "task_id", self.name), prompt, require(row, "canonical_solution", self.name), row)
 
     def postprocess(self, text: str) -> str:
