@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exitbench.config import TrainConfig, TrainVariant, check_controls, load
+from exitbench.config import DataConfig, TrainConfig, TrainVariant, check_controls, load
 from exitbench.data import code_corpus
 from exitbench.data.code_corpus import build_code_corpus, completion_document, evaluated_solutions, find_overlaps
 from exitbench.data.loaders import cnndm_roles
@@ -53,7 +53,6 @@ def test_cnndm_roles_are_disjoint_sized_and_independent_of_order():
 
 @needs_mirror
 def test_real_cnndm_training_articles_are_never_evaluated_or_shown(tmp_path):
-    from exitbench.config import DataConfig
     from exitbench.data.prepare import prepare_data
 
     prepare_data(DataConfig(tasks=["cnndm"], code_wheels=[]), tmp_path, MIRROR, progress=False)
@@ -66,8 +65,7 @@ def test_real_cnndm_training_articles_are_never_evaluated_or_shown(tmp_path):
     task.set_context({"shots": rows["shots"]})
     for sample in task.samples(rows["test"], 40):
         assert sample.sample_id in ids["test"]
-        shown = sample.prompt.split("\nSummary:")[0].removeprefix("Article: ")
-        assert any(row["article"][:200] in sample.prompt for row in rows["shots"]), shown[:80]
+        assert any(row["article"][:200] in sample.prompt for row in rows["shots"])
         assert not any(row["article"][:200] in sample.prompt for row in rows["train"])
 
 
@@ -122,18 +120,11 @@ def test_real_code_corpus_holds_no_evaluated_problem():
         humaneval = [json.loads(line) for line in handle if line.strip()]
     train = [r for r in rows if 511 <= r["task_id"] <= 974]
     test = [r for r in rows if 11 <= r["task_id"] <= 510]
-    corpus = build_code_corpus(train, TrainConfigDefaults.wheels(), humaneval, test)
-    assert len(corpus.documents) > 400 and {w["spec"] for w in corpus.wheels} == set(TrainConfigDefaults.wheels())
+    wheels = DataConfig().code_wheels
+    corpus = build_code_corpus(train, wheels, humaneval, test)
+    assert len(corpus.documents) > 400 and {w["spec"] for w in corpus.wheels} == set(wheels)
     assert not find_overlaps(corpus.documents, evaluated_solutions(humaneval, test))
     assert not {doc["id"] for doc in corpus.documents} & {f"mbpp/{r['task_id']}" for r in test}
-
-
-class TrainConfigDefaults:
-    @staticmethod
-    def wheels() -> list[str]:
-        from exitbench.config import DataConfig
-
-        return DataConfig().code_wheels
 
 
 # --- mixtures -----------------------------------------------------------------------------------------------
