@@ -19,6 +19,7 @@ from exitbench.errors import ExitbenchError
 from exitbench.models.load import load_causal_lm
 from exitbench.models.tiny import random_llama
 from exitbench.training.corpora import DataOrder, Example, build_corpus, collate, pack
+from exitbench.training import trainer
 from exitbench.training.trainer import TrainPaths, micro_batches, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,6 +217,8 @@ def test_resume_after_a_kill_gives_the_same_weights(workspace):
     assert [e["loss"] for e in second["history"]] == [e["loss"] for e in full["history"]]
     expected, got = _state(straight.out), _state(resumed.out)
     assert all(torch.equal(expected[key], got[key]) for key in expected)
+    for finished in (straight, resumed):  # a finished run's checkpoints are deleted: only the model is kept
+        assert finished.checkpoints.is_dir() and not any(finished.checkpoints.iterdir())
 
 
 def test_truncated_newest_checkpoint_resumes_from_the_previous(workspace, caplog):
@@ -225,11 +228,27 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous(workspace, caplog
     newest = paths.checkpoints / "checkpoint.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # a write cut short by a full disk
     with caplog.at_level("WARNING", logger="exitbench.training.trainer"):
-        report = train(config, BASE, paths, progress=False)
-    assert report["resumed_from_step"] == 2
+        assert train(config, BASE, paths, max_steps_this_run=3, progress=False) is None  # from 2, saves at 4
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "checkpoint.pt" in warnings[0] and "checkpoint.prev.pt" in warnings[0]
+    assert len(warnings) == 1 and "checkpoint.pt" in warnings[0] and "resuming from checkpoint.prev.pt" in warnings[0]
     assert (paths.checkpoints / "checkpoint.prev.pt").exists()  # the last two good ones are kept again
+    assert train(config, BASE, paths, progress=False)["resumed_from_step"] == 4
+    assert not any(paths.checkpoints.iterdir())  # the unreadable one is gone with the rest once finished
+
+
+def test_at_most_two_checkpoints_are_on_disk(workspace, monkeypatch):
+    config = variant(steps=6, checkpoint_every=1)
+    paths = paths_for(workspace, "two")
+    seen: list[int] = []
+    original = trainer.torch.save
+
+    def counting_save(payload, handle):
+        seen.append(len(list(paths.checkpoints.glob("checkpoint*"))))  # includes the temporary being written
+        original(payload, handle)
+
+    monkeypatch.setattr(trainer.torch, "save", counting_save)
+    assert train(config, BASE, paths, max_steps_this_run=5, progress=False) is None
+    assert len(seen) == 5 and max(seen) == 2
 
 
 def test_no_readable_checkpoint_is_one_line(workspace):

@@ -9,7 +9,8 @@ One optimizer step t: draw the layer-dropout mask for the global batch (the trai
 choose the enabled exits C(t, .), run the micro-batches (gradient accumulation, bf16 autocast), clip,
 AdamW, linear warm-up + cosine LR. Every ``checkpoint_every`` steps the whole state is written atomically;
 a re-run resumes from the last checkpoint, so a kill -9 at any moment loses at most that interval. The one
-before it is kept too: a newest file that cannot be read (truncated, corrupt) falls back to it.
+before it is kept too: a newest file that cannot be read (truncated, corrupt) falls back to it. Once the
+model and report are saved, the run's checkpoints are deleted: they only serve to resume an unfinished run.
 """
 
 from __future__ import annotations
@@ -355,11 +356,15 @@ def measure_overhead(run: Run, examples: list[Example], last_step: int) -> dict[
 def save_checkpoint(checkpoint_dir: Path, payload: dict[str, Any]) -> None:
     """torch.save to a temporary file, fsync, then os.replace: each checkpoint is always whole or absent.
 
-    The previous newest checkpoint is first renamed to ``checkpoint.prev.pt``, so the last two are kept.
+    The previous newest checkpoint is then renamed to ``checkpoint.prev.pt``, so the last two are kept. The
+    one before that is deleted before writing, so at most two checkpoints are ever on disk at once (the newest
+    stays readable while the next one is written).
     """
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     for stale in checkpoint_dir.glob(f"{CHECKPOINT_FILE}.tmp-*"):  # left by a save that was killed
         stale.unlink(missing_ok=True)
+    if (checkpoint_dir / CHECKPOINT_FILE).exists():
+        (checkpoint_dir / PREVIOUS_CHECKPOINT_FILE).unlink(missing_ok=True)
     temporary = checkpoint_dir / f"{CHECKPOINT_FILE}.tmp-{os.getpid()}"
     with open(temporary, "wb") as handle:
         torch.save(payload, handle)
@@ -405,6 +410,17 @@ def load_checkpoint(checkpoint_dir: Path) -> dict[str, Any] | None:
         f"{checkpoint_dir}: no checkpoint can be read ({'; '.join(problems)}); "
         f"delete {checkpoint_dir} to train from step 0"
     )
+
+
+def clear_checkpoints(checkpoint_dir: Path) -> None:
+    """Delete a finished run's checkpoints (the directory stays, empty).
+
+    They exist only to resume an unfinished run; the saved model and report are the results. Any change of
+    the trajectory's settings starts from step 0 anyway, so a finished run's checkpoints are never reused, and
+    each one is model + AdamW state (about 1.4 GB for a 135M model).
+    """
+    for path in [*checkpoint_dir.glob(f"{CHECKPOINT_FILE}*"), checkpoint_dir / PREVIOUS_CHECKPOINT_FILE]:
+        path.unlink(missing_ok=True)  # newest, temporaries, one moved aside as unreadable, previous
 
 
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
@@ -504,4 +520,6 @@ def train(
             return None
         report = finish(run, state, tokenizer, paths, name) if ctx.is_main else None
         dist_utils.barrier(ctx)
+        if ctx.is_main:
+            clear_checkpoints(paths.checkpoints)
         return report
