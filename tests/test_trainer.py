@@ -18,8 +18,8 @@ from exitbench.config import BaseConfig, Config, TrainConfig, TrainVariant
 from exitbench.errors import ExitbenchError
 from exitbench.models.load import load_causal_lm
 from exitbench.models.tiny import random_llama
-from exitbench.training.corpora import DataOrder, Example, build_corpus, collate, pack
 from exitbench.training import trainer
+from exitbench.training.corpora import DataOrder, Example, build_corpus, collate, pack
 from exitbench.training.trainer import TrainPaths, micro_batches, train
 
 ROOT = Path(__file__).resolve().parents[1]
