@@ -177,7 +177,8 @@ class EvaluateConfig(Section):
     draft_vocab_size: int = Field(
         0,
         ge=0,
-        description="> 0: self_speculative drafts over the N most frequent tokens of the task's train split "
+        description="> 0: methods that draft with the early exit (those with a draft_vocab_file option: "
+        "self_speculative, self_speculative_lookup) draft over the N most frequent tokens of the task's train split "
         "(tasks without one draft over the whole vocabulary); outputs stay exact",
     )
 

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from exitbench.config import Config, TaskEvalConfig, stage_view
 from exitbench.data.io import atomic_write_json, read_jsonl
-from exitbench.decoding import StopRule, base_method, build_method, parse_options
+from exitbench.decoding import StopRule, base_method, build_method, method_class, parse_options
 from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
 from exitbench.identity import decoding_code_identity, model_identity
@@ -44,7 +44,6 @@ from exitbench.tasks.base import require_isolation
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
 BASELINE = "autoregressive"
-SUBVOCAB_METHOD = "self_speculative"  # the method that takes evaluate.draft_vocab_size
 # How records are timed; part of their key, so records timed another way are not mixed in.
 TIMING_PROTOCOL = "methods interleaved per sample, one process, one warm-up each"
 
@@ -460,7 +459,7 @@ def evaluate_model_task(
     options_of: dict[str, dict[str, Any]] = {}
     for name in methods:
         options = cfg.evaluate.methods.get(name, {})
-        if base_method(name) == SUBVOCAB_METHOD and draft_vocab is not None:
+        if draft_vocab is not None and "draft_vocab_file" in method_class(name).Options.model_fields:
             options = {**options, "draft_vocab_file": str(draft_vocab)}
         settings = {
             "model": ctx.model_key,

@@ -1,7 +1,16 @@
 """Decoding methods behind one interface; importing this package registers the built-in ones."""
 
 import exitbench.decoding.calm  # noqa: F401  (registration)
-from exitbench.decoding import autoregressive, early_exit, hf_early_exit, self_speculative, speculative  # noqa: F401
+from exitbench.decoding import (  # noqa: F401  (registration)
+    autoregressive,
+    early_exit,
+    hf_early_exit,
+    hf_prompt_lookup,
+    prompt_lookup,
+    self_speculative,
+    self_speculative_lookup,
+    speculative,
+)
 from exitbench.decoding.base import (
     REGISTRY,
     DecodeResult,

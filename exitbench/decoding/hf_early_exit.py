@@ -78,28 +78,41 @@ class RoundRecorder:
 
         def recorded(input_ids: torch.Tensor, scores: torch.Tensor, num_matches: Any) -> Any:
             drafted, accepted = int(scores.shape[1]) - 1, int(num_matches)
-            if drafted > 0:  # a round without candidates (no budget left) is a plain greedy step
-                result.num_rounds += 1
-                result.num_drafted += drafted
-                result.num_accepted += accepted
-                result.acceptance_histogram[min(accepted, len(result.acceptance_histogram) - 1)] += 1
+            # Every round is one verification forward; one without candidates (no budget left, or no lookup
+            # match) is a plain greedy step, counted as a round with 0 drafted, like exitbench's own methods.
+            result.num_rounds += 1
+            result.num_drafted += drafted
+            result.num_accepted += accepted
+            result.acceptance_histogram[min(accepted, len(result.acceptance_histogram) - 1)] += 1
+            if drafted == 0:
+                result.layer_calls["rounds_without_draft"] = result.layer_calls.get("rounds_without_draft", 0) + 1
             return update(input_ids, scores, num_matches)
 
         generator.update_candidate_strategy = recorded
         return generator
 
 
-@register
-class HFEarlyExit(DecodingMethod):
-    name = "hf_early_exit"
-    Options = HFEarlyExitOptions
+class HFAssisted(DecodingMethod):
+    """transformers' assisted ``generate()`` of the model itself, greedy, with our stop rule and round counts.
+
+    A subclass names the assistant (:meth:`_assistant_kwargs`, passed to ``generate``) and its draft length.
+    """
+
     exact = True
+
+    def _num_speculations(self) -> int:
+        raise NotImplementedError
+
+    def _assistant_kwargs(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _layer_calls(self, result: DecodeResult) -> dict[str, int]:
+        return dict(result.layer_calls)
 
     def _assistant_config(self, stop: StopRule) -> Any:
         """A copy of the model's generation config with d constant drafts and our EOS ids."""
-        opts = self.options
         config = copy.deepcopy(self.model.hf.generation_config)
-        config.num_assistant_tokens = opts.num_speculations
+        config.num_assistant_tokens = self._num_speculations()
         config.num_assistant_tokens_schedule = "constant"
         config.assistant_confidence_threshold = 0.0  # always draft d tokens
         config.do_sample = False
@@ -110,9 +123,8 @@ class HFEarlyExit(DecodingMethod):
         return config
 
     def _generate(self, prompt_ids: list[int], max_new_tokens: int, stop: StopRule) -> DecodeResult:
-        opts = self.options
         result = DecodeResult(tokens=[], wall_time_s=0.0)
-        result.acceptance_histogram = [0] * (opts.num_speculations + 1)
+        result.acceptance_histogram = [0] * (self._num_speculations() + 1)
         if max_new_tokens < 1:
             return result
         hf = self.model.hf
@@ -126,13 +138,28 @@ class HFEarlyExit(DecodingMethod):
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
-                assistant_early_exit=opts.exit_layer,
                 stopping_criteria=StoppingCriteriaList([StopRuleCriteria(stop, len(prompt_ids))]),
+                **self._assistant_kwargs(),
             )
         finally:
             hf.generation_config = original
             vars(hf).pop("_get_candidate_generator", None)
         result.tokens = finish(out[0, len(prompt_ids):].tolist(), max_new_tokens, stop)
-        # transformers' assistant runs one E-layer forward per drafted token; each round one L-layer verify.
-        result.layer_calls = {"draft_forwards": result.num_drafted, "verify_forwards": result.num_rounds}
+        result.layer_calls = self._layer_calls(result)
         return result
+
+
+@register
+class HFEarlyExit(HFAssisted):
+    name = "hf_early_exit"
+    Options = HFEarlyExitOptions
+
+    def _num_speculations(self) -> int:
+        return self.options.num_speculations
+
+    def _assistant_kwargs(self) -> dict[str, Any]:
+        return {"assistant_early_exit": self.options.exit_layer}
+
+    def _layer_calls(self, result: DecodeResult) -> dict[str, int]:
+        # transformers' assistant runs one E-layer forward per drafted token; each round one L-layer verify.
+        return {"draft_forwards": result.num_drafted, "verify_forwards": result.num_rounds}

@@ -37,6 +37,9 @@ MARKERS = {
     "early_exit": "v",
     "self_speculative": "^",
     "hf_early_exit": "s",
+    "self_speculative_lookup": ">",
+    "prompt_lookup": "X",
+    "hf_prompt_lookup": "x",
     "speculative": "P",
     "calm": "D",
 }

@@ -22,7 +22,17 @@ from exitbench.report.results import CalibrationRow, EvalResult, Probe, Provenan
 from exitbench.stats import Interval
 
 PRIMARY_METRIC = {"cnndm": "rouge2", "xsum": "rouge2", "humaneval": "pass@1", "mbpp": "pass@1", "topv2": "exact_match"}
-METHOD_ORDER = ("autoregressive", "early_exit", "self_speculative", "hf_early_exit", "speculative", "calm")
+METHOD_ORDER = (
+    "autoregressive",
+    "early_exit",
+    "self_speculative",
+    "self_speculative_lookup",
+    "hf_early_exit",
+    "prompt_lookup",
+    "hf_prompt_lookup",
+    "speculative",
+    "calm",
+)
 NOT_RUN = "_not run in this profile (no result files)._"
 
 
