@@ -1,18 +1,22 @@
-"""Where and how a number was measured: commit, config hash, versions, hardware, threads, date."""
+"""Where and how a number was measured: commit, config hash, versions, environment lock, hardware, threads, date."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import platform
+import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
+from packaging.version import InvalidVersion, Version
 
 
 def git_commit(repo: Path | None = None) -> str:
@@ -29,6 +33,50 @@ def git_commit(repo: Path | None = None) -> str:
 def config_hash(config_view: dict[str, Any]) -> str:
     """sha256 (first 16 hex digits) of a resolved config, canonical JSON."""
     return hashlib.sha256(json.dumps(config_view, sort_keys=True).encode()).hexdigest()[:16]
+
+
+LOCK_FILE = "requirements/cpu.lock.txt"
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.MULTILINE)
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def environment_lock(root: Path | None = None) -> dict[str, Any] | None:
+    """The pinned environment scripts/setup.sh installs: the lock file, its sha256, and this interpreter's
+    packages that differ from it (``mismatched``: a GPU user's own torch, a hand-made upgrade; empty when the
+    environment is the lock). None when there is no lock file (an exitbench installed without its repository).
+    """
+    found = _environment_lock(root)
+    return None if found is None else {**found, "mismatched": list(found["mismatched"])}
+
+
+@functools.lru_cache(maxsize=4)
+def _environment_lock(root: Path | None) -> dict[str, Any] | None:
+    candidates = [root] if root is not None else [Path.cwd(), Path(__file__).resolve().parents[1]]
+    path = next((base / LOCK_FILE for base in candidates if (base / LOCK_FILE).is_file()), None)
+    if path is None:
+        return None
+    data = path.read_bytes()
+    installed = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            installed.setdefault(_canonical(name), dist.version)
+    mismatched = []
+    for name, version in _PIN.findall(data.decode()):
+        have = installed.get(_canonical(name))
+        if have is None or not _same_version(have, version):
+            mismatched.append(f"{name} {have or 'missing'} (lock {version})")
+    return {"file": LOCK_FILE, "sha256": hashlib.sha256(data).hexdigest(), "mismatched": mismatched}
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
 
 
 def device_name(device: torch.device | str = "cpu") -> str:
@@ -53,6 +101,7 @@ def provenance(config_view: dict[str, Any], device: torch.device | str = "cpu", 
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
+        "environment_lock": environment_lock(),
         "device": device_name(device),
         "threads": torch.get_num_threads(),
         "dtype": dtype,
