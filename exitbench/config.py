@@ -172,6 +172,11 @@ class EvaluateConfig(Section):
         "self_speculative": {"exit_layer": 8, "num_speculations": 2},
         "hf_early_exit": {"exit_layer": 8, "num_speculations": 2},
     }
+    method_models: dict[str, list[str]] = Field(
+        {},
+        description="method label -> the models (of evaluate.models) it runs on; a method not named runs on every "
+        "model (greedy decoding always does)",
+    )
     chat_template: bool = False
     sandbox_timeout_s: float = Field(10.0, gt=0)
     draft_vocab_size: int = Field(
@@ -428,6 +433,14 @@ def check_references(
     for key in ("evaluate.methods", "bench.peers"):  # a label <method>@<name> runs <method> with other options
         names = [name.split("@", 1)[0] for name in _get(cfg, key)]
         _check_known(where, key, "method", names, sorted(methods), "registered")
+    for label, names in cfg.evaluate.method_models.items():
+        if label not in cfg.evaluate.methods:
+            raise ExitbenchError(
+                f"{where}: evaluate.method_models: '{label}' is not in evaluate.methods "
+                f"({', '.join(cfg.evaluate.methods)}); add it there or remove it here"
+            )
+        _check_known(where, f"evaluate.method_models.{label}", "model", names, list(cfg.evaluate.models),
+                     "in evaluate.models")
     for name, options in cfg.evaluate.methods.items():
         try:
             parse_options(name, options)

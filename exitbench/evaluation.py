@@ -43,6 +43,7 @@ from exitbench.subvocab import write_task_draft_vocab
 from exitbench.tasks.base import require_isolation
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
+FRAMEWORK_GREEDY = "hf_greedy"  # the baseline of methods that run inside transformers (framework "transformers")
 BASELINE = "autoregressive"
 # How records are timed; part of their key, so records timed another way are not mixed in.
 TIMING_PROTOCOL = "methods interleaved per sample, one process, one warm-up each"
@@ -400,6 +401,31 @@ def intervals(
     return out
 
 
+def add_framework_speedup(
+    summary: dict[str, Any], records: Sequence[dict[str, Any]], own_greedy: Sequence[dict[str, Any]], seed: int
+) -> None:
+    """A peer's speed-up against its own framework's greedy decoding (``hf_greedy``), paired per sample.
+
+    ``speedup_vs_greedy`` compares a transformers peer with exitbench's greedy decoding: what a user of the
+    peer gets, engine and kernels included. ``speedup_vs_framework_greedy`` compares it with transformers'
+    own greedy ``generate()`` on the same prompts: the method's merit inside its framework.
+    """
+    timed = [
+        (r["decode"], g["decode"])
+        for r, g in zip(records, own_greedy, strict=False)
+        if r.get("error") is None and g.get("error") is None and r["decode"]["num_tokens"] * g["decode"]["num_tokens"]
+    ]
+    if not timed:
+        return
+    interval = speedup_interval(
+        [g["wall_time_s"] for _, g in timed], [g["num_tokens"] for _, g in timed],
+        [m["wall_time_s"] for m, _ in timed], [m["num_tokens"] for m, _ in timed], seed,
+    )
+    summary["speed"]["speedup_vs_framework_greedy"] = interval.estimate
+    summary["intervals"]["speedup_vs_framework_greedy"] = interval.to_dict()
+    summary["framework_greedy"] = FRAMEWORK_GREEDY
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -436,6 +462,11 @@ def draft_vocab_for(
     return write_task_draft_vocab(task, data_dir, ctx.tokenizer, size, stop.eos_token_ids, target)
 
 
+def runs_on(cfg: Config, method: str, model: str) -> bool:
+    """Whether ``method`` runs on ``model``: every model unless ``evaluate.method_models`` names its models."""
+    return model in cfg.evaluate.method_models.get(method, [model])
+
+
 def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
     """How many samples exact methods run on: ``timing_samples`` capped at ``num_samples`` (0 = all), so a
     profile that shrinks the quality sample (smoke) needs no second override."""
@@ -452,7 +483,7 @@ def evaluate_model_task(
     samples = load_samples(task, data_dir, task_cfg.num_samples)
     prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, cfg.evaluate.chat_template) for s in samples]
     batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
-    methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE]
+    methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE and runs_on(cfg, m, ctx.name)]
     draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, out_dir / ctx.name / task_name)
     target = out_dir / ctx.name / task_name
     runs: dict[str, tuple[DecodingMethod, RecordFile]] = {}
@@ -482,8 +513,11 @@ def evaluate_model_task(
     limits = sample_limits({name: method for name, (method, _) in runs.items()}, len(samples), timing_samples)
     done = run_methods(runs, batch, f"{ctx.name}/{task_name}", limits)
     summaries: dict[str, dict[str, Any]] = {}
+    own_greedy = next((name for name in runs if base_method(name) == FRAMEWORK_GREEDY), None)
     for name, (method, _) in runs.items():
         summary = summarize(task, method, samples, done[name], done[BASELINE], is_baseline=name == BASELINE)
+        if method.framework != "exitbench" and own_greedy is not None and name != own_greedy:
+            add_framework_speedup(summary, done[name], done[own_greedy], cfg.base.seed)
         summary.update(task=task_name, method=name, base_method=base_method(name), model=ctx.name)
         summary.update(options=options_of[name], dtype=cfg.base.dtype)
         summary["model_info"] = ctx.model_info

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from exitbench import config
+from exitbench.evaluation import FRAMEWORK_GREEDY, runs_on
 from exitbench.report.results import EVAL_INPUT_FILES
 
 
@@ -17,7 +18,11 @@ def expected_files(cfg: config.Config) -> list[Path]:
     files += [Path(f"results/probe/{m}.json") for m in ("base", "layerskip", "calm")]
     for model in cfg.evaluate.models:
         for task in cfg.evaluate.tasks:
-            files += [Path(f"results/eval/{model}/{task}/{method}.json") for method in cfg.evaluate.methods]
+            files += [
+                Path(f"results/eval/{model}/{task}/{method}.json")
+                for method in cfg.evaluate.methods
+                if method == "autoregressive" or runs_on(cfg, method, model)
+            ]
     files += [Path("results/bench/sweep.json"), Path("results/bench/sweep.csv")]
     files += [Path(f"results/calibrate/{m}.json") for m in cfg.calibrate.models]
     files += [
@@ -50,6 +55,10 @@ def main() -> int:
         correctness = summary.get("correctness", {})
         if correctness.get("exact_claimed") and summary.get("dtype") == "float32" and correctness.get("num_mismatched"):
             problems.append(f"{path}: an exact method mismatched greedy in float32 ({correctness['num_mismatched']})")
+        own_greedy = path.with_name(f"{FRAMEWORK_GREEDY}.json")
+        if summary.get("base_method", "").startswith("hf_") and path != own_greedy and own_greedy.exists():
+            if summary["speed"].get("speedup_vs_framework_greedy") is None:
+                problems.append(f"{path}: a transformers peer without its speed-up against {FRAMEWORK_GREEDY}")
     for path in Path("results/calibrate").glob("*.json"):
         if not json.loads(path.read_text()).get("provenance", {}).get("num_parameters"):
             problems.append(f"{path}: provenance has no num_parameters (the check cannot compare model sizes)")

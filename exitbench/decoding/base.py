@@ -115,6 +115,9 @@ class DecodingMethod:
     name: ClassVar[str] = ""
     Options: ClassVar[type[MethodOptions]] = MethodOptions
     exact: ClassVar[bool] = False  # claims token-for-token equality with greedy decoding
+    # The engine that runs it: "exitbench" (this package's forward and cache) or "transformers" (a peer inside
+    # transformers' generate(); evaluate then also times it against transformers' own greedy, hf_greedy).
+    framework: ClassVar[str] = "exitbench"
 
     def __init__(self, model: EarlyExitModel, options: MethodOptions, draft_model: EarlyExitModel | None = None):
         self.model = model

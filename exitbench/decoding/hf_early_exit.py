@@ -99,6 +99,7 @@ class HFAssisted(DecodingMethod):
     """
 
     exact = True
+    framework = "transformers"
 
     def _num_speculations(self) -> int:
         raise NotImplementedError
@@ -163,3 +164,23 @@ class HFEarlyExit(HFAssisted):
     def _layer_calls(self, result: DecodeResult) -> dict[str, int]:
         # transformers' assistant runs one E-layer forward per drafted token; each round one L-layer verify.
         return {"draft_forwards": result.num_drafted, "verify_forwards": result.num_rounds}
+
+
+@register
+class HFGreedy(HFAssisted):
+    """transformers' own greedy ``generate()`` of the same model: the baseline of its framework's peers.
+
+    A peer's speed-up against it is the method's merit inside transformers; against exitbench's greedy it is
+    what a user of the peer gets. Same generation config, stop rule and output handling as the peers.
+    """
+
+    name = "hf_greedy"
+
+    def _num_speculations(self) -> int:
+        return 0
+
+    def _assistant_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def _layer_calls(self, result: DecodeResult) -> dict[str, int]:
+        return {"full_forwards": len(result.tokens)}

@@ -56,6 +56,8 @@ class Provenance(BaseModel):
 class Speed(_Lenient):
     time_per_token_ms: float = Field(ge=0)
     speedup_vs_greedy: float | None = Field(gt=0)
+    # a transformers peer against transformers' own greedy generate() (hf_greedy) on the same prompts
+    speedup_vs_framework_greedy: float | None = Field(None, gt=0)
     acceptance_rate: float | None = Field(ge=0, le=1)
     tokens_per_round: float | None = Field(None, ge=0)
     ideal_fraction: float | None = Field(None, ge=0)
