@@ -34,7 +34,7 @@ from exitbench.data.io import atomic_write_json, read_jsonl
 from exitbench.decoding import StopRule, base_method, build_method, method_class, parse_options
 from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
-from exitbench.identity import decoding_code_identity, model_identity
+from exitbench.identity import method_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
@@ -494,7 +494,7 @@ def evaluate_model_task(
             options = {**options, "draft_vocab_file": str(draft_vocab)}
         settings = {
             "model": ctx.model_key,
-            "code": decoding_code_identity()[:16],
+            "code": method_code_identity(method_class(name))[:16],
             "timing": TIMING_PROTOCOL,
             "method": name,
             "options": options,
