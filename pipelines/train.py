@@ -5,7 +5,7 @@
         --checkpoints checkpoints/layerskip --report results/train/layerskip.json
 
 Re-running resumes from the last checkpoint. Data-parallel: the same command under
-``torchrun --nproc_per_node N`` with ``distributed: ddp`` in the variant.
+``torchrun --nproc_per_node N`` with ``distributed: ddp`` (or ``fsdp``: sharded per decoder layer) in the variant.
 """
 
 from __future__ import annotations

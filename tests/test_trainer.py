@@ -299,13 +299,6 @@ def test_cli_unknown_variant_is_one_line(workspace, capsys):
     assert err.strip() == "error: unknown variant 'nope'; known: v"
 
 
-def test_fsdp_is_rejected(workspace):
-    from exitbench.errors import ExitbenchError
-
-    with pytest.raises(ExitbenchError, match="fsdp"):
-        train(variant(distributed="fsdp"), BASE, paths_for(workspace, "fsdp"), progress=False)
-
-
 @pytest.mark.slow
 def test_ddp_two_processes_match_one(workspace):
     config = variant(steps=4, batch_size=2, grad_accum=2, p_max=0.0, distributed="ddp", timing_steps=1)

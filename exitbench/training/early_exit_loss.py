@@ -8,6 +8,7 @@ non-zero normalised weight, only at positions that carry a label, and fused with
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from enum import Enum
 
@@ -17,7 +18,7 @@ from torch import nn
 from exitbench.errors import ExitbenchError
 from exitbench.models.view import EarlyExitModel
 from exitbench.training.fused_head_loss import head_cross_entropy_sum
-from exitbench.training.layer_dropout import forward_kept_rows
+from exitbench.training.layer_dropout import LayerFn, Rope, forward_kept_rows
 
 IGNORE_INDEX = -100
 
@@ -62,8 +63,13 @@ def normalized_weights(scales: Sequence[float], enabled: Sequence[int]) -> dict[
     return {layer: scales[layer] / total for layer in sorted(enabled) if scales[layer] > 0}
 
 
+def _weighted_zero(out: torch.Tensor) -> torch.Tensor:
+    """A scalar 0 (exactly, even for inf or nan in ``out``) whose backward gives ``out`` a zero gradient."""
+    return torch.where(torch.zeros((), dtype=torch.bool, device=out.device), out.sum(), 0.0)
+
+
 class EarlyExitObjective(nn.Module):
-    """The early-exit training forward as a module (so DDP can wrap it): dropout, exits, shared head, CE.
+    """The early-exit training forward as a module (so DDP / FSDP can wrap it): dropout, exits, shared head, CE.
 
     ``forward`` returns (loss, per-exit CE sums): loss = sum_l w_l CE_sum_l / ``num_tokens``, where
     ``num_tokens`` is the loss-token count of the whole (global) optimizer batch, so that micro-batches and
@@ -74,6 +80,10 @@ class EarlyExitObjective(nn.Module):
         super().__init__()
         self.lm = causal_lm
         self.view = EarlyExitModel(causal_lm)
+        #: layer l's forward (hidden, rope) -> hidden; FSDP replaces each by one that gathers the layer first
+        self.layer_forwards: list[LayerFn] = [
+            functools.partial(self.view.layer_forward, index) for index in range(self.view.num_layers)
+        ]
 
     def forward(
         self,
@@ -82,8 +92,13 @@ class EarlyExitObjective(nn.Module):
         keep: torch.Tensor,
         weights: dict[int, float],
         num_tokens: int,
+        must_run: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids, labels [B, S] (labels already shifted); keep [L, B] bool (layer dropout, all True = none)."""
+        """ids, labels [B, S] (labels already shifted); keep [L, B] bool (layer dropout, all True = none).
+
+        must_run [L] bool (FSDP): layers to call even when no row here keeps them, since every rank must
+        call the same sharded layers; such a layer runs on one row and its output enters with weight 0.
+        """
         view = self.view
         hidden = view.embed(ids)
         rope = view.rope(hidden, 0)
@@ -92,12 +107,24 @@ class EarlyExitObjective(nn.Module):
         exits = sorted(weights)
         ce_sums = []
         for layer in range(exits[-1] + 1):
-            hidden = forward_kept_rows(
-                lambda h, r, index=layer: view.layer_forward(index, h, r), hidden, rope, keep[layer]
-            )
+            forced = must_run is not None and bool(must_run[layer])
+            hidden = self._layer(layer, hidden, rope, keep[layer], forced)
             if layer in weights:
                 ce_sums.append(head_cross_entropy_sum(view.norm(hidden[targets]), view.lm_head, flat_labels))
         sums = torch.stack(ce_sums)
         scale = torch.tensor([weights[layer] for layer in exits], dtype=sums.dtype, device=sums.device)
         loss = (scale * sums).sum() / num_tokens
         return loss, sums.detach()
+
+    def _layer(self, index: int, hidden: torch.Tensor, rope: Rope, keep: torch.Tensor, forced: bool) -> torch.Tensor:
+        """x_{l+1} under layer dropout ``keep`` [B]; ``forced``: call the layer even if no row is kept.
+
+        A forced layer runs on one row (its reshapes cannot take an empty batch), its output added with
+        weight 0: x_{l+1} = x_l exactly, but the layer sits in the autograd graph between its neighbours as
+        on the other ranks, so FSDP's backward gathers and reduce-scatters run there, in the same order.
+        """
+        call = self.layer_forwards[index]
+        if forced and not bool(keep.any()):
+            cos, sin = rope
+            return hidden + _weighted_zero(call(hidden[:1], (cos[:1], sin[:1])))
+        return forward_kept_rows(call, hidden, rope, keep)

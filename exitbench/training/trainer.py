@@ -11,6 +11,9 @@ AdamW, linear warm-up + cosine LR. Every ``checkpoint_every`` steps the whole st
 a re-run resumes from the last checkpoint, so a kill -9 at any moment loses at most that interval. The one
 before it is kept too: a newest file that cannot be read (truncated, corrupt) falls back to it. Once the
 model and report are saved, the run's checkpoints are deleted: they only serve to resume an unfinished run.
+
+Under ``torchrun`` (:mod:`exitbench.training.distributed`, DDP or FSDP) checkpoints and the saved model are
+written by rank 0 in the single-process format; under FSDP their full state is gathered from the shards first.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import statistics
 import time
 import zipfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +90,8 @@ class Run:
     seed: int
     ctx: DistContext
     device: torch.device
-    objective: EarlyExitObjective
-    module: torch.nn.Module  # the objective, DDP-wrapped when distributed
+    objective: EarlyExitObjective  # sharded in place under FSDP
+    module: torch.nn.Module  # the objective, DDP-wrapped when distributed (the objective itself under FSDP)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     generator: torch.Generator
@@ -137,7 +140,8 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
     objective = EarlyExitObjective(causal_lm)
     if variant.freeze_embeddings:
         freeze_embeddings(causal_lm)
-    optimizer = build_optimizer(causal_lm, variant, device)
+    module = dist_utils.wrap(objective, ctx, find_unused=variant.p_max > 0)
+    optimizer = build_optimizer(causal_lm, variant, device)  # after wrap: FSDP replaces the parameters
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, variant.warmup_steps, variant.steps)
     )
@@ -148,7 +152,7 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
         ctx=ctx,
         device=device,
         objective=objective,
-        module=dist_utils.wrap(objective, ctx, find_unused=variant.p_max > 0),
+        module=module,
         optimizer=optimizer,
         scheduler=scheduler,
         generator=torch.Generator().manual_seed(base.seed),
@@ -195,27 +199,39 @@ def micro_batches(rows: range, lengths: list[int], size: int) -> list[list[int]]
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
-def train_step(run: Run, step: int) -> dict[str, Any]:
-    """One optimizer step over the global batch; returns its losses (global means) and token counts."""
-    keep, weights = step_plan(run, step)
-    batch = [run.corpus.examples[index] for index in run.order.step_indices(step)]
+def accumulate_gradients(run: Run, batch: list[Example], keep: torch.Tensor, weights: dict[int, float]) -> torch.Tensor:
+    """Gradients of J over the global ``batch`` into ``.grad``, from this rank's share of the rows.
+
+    keep [L, len(batch)] is the layer-dropout mask of the whole batch, weights the exits' e~(t, .). The rows
+    run in micro-batches of ``batch_size`` (gradient accumulation; ranks reduce gradients on the last one).
+    Returns the per-exit CE sums over the global batch [E] (float64, summed over ranks).
+    """
     num_tokens = sum(example.loss_tokens for example in batch)
     lengths = [len(example.tokens) for example in batch]
     chunks = micro_batches(dist_utils.shard(len(batch), run.ctx), lengths, run.variant.batch_size)
+    must_run = keep.any(dim=1) if run.ctx.sharded else None  # FSDP: every rank calls the same layers
     ce_sums = torch.zeros(len(weights), dtype=torch.float64)
     for number, rows in enumerate(chunks):
         ids, labels = collate([batch[row] for row in rows], run.pad_id)
         ids, labels = ids.to(run.device), labels.to(run.device)
         with dist_utils.grad_sync(run.module, sync=number == len(chunks) - 1):
             with run.compute():
-                loss, sums = run.module(ids, labels, keep[:, rows], weights, num_tokens)
-            (loss * run.ctx.world_size).backward()  # DDP averages gradients over ranks; J is a global sum
+                loss, sums = run.module(ids, labels, keep[:, rows], weights, num_tokens, must_run=must_run)
+            (loss * run.ctx.world_size).backward()  # DDP and FSDP average gradients over ranks; J is a global sum
         ce_sums += sums.double().cpu()
-    dist_utils.all_reduce_sum(ce_sums, run.ctx)
+    return dist_utils.all_reduce_sum(ce_sums, run.ctx)
+
+
+def train_step(run: Run, step: int) -> dict[str, Any]:
+    """One optimizer step over the global batch; returns its losses (global means) and token counts."""
+    keep, weights = step_plan(run, step)
+    batch = [run.corpus.examples[index] for index in run.order.step_indices(step)]
+    ce_sums = accumulate_gradients(run, batch, keep, weights)
     torch.nn.utils.clip_grad_norm_(run.objective.parameters(), run.variant.grad_clip)
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
+    num_tokens = sum(example.loss_tokens for example in batch)
     exit_losses = {layer: float(total) / num_tokens for layer, total in zip(sorted(weights), ce_sums, strict=True)}
     loss_value = sum(weights[layer] * value for layer, value in exit_losses.items())
     return {
@@ -241,10 +257,12 @@ def record_step(state: TrainState, result: dict[str, Any], seconds: float, num_l
 
 
 def checkpoint_payload(run: Run, state: TrainState) -> dict[str, Any]:
+    """The whole state of the run; under FSDP every rank must call it (gathering), rank 0's is complete."""
+    model, optimizer = dist_utils.full_state(run.objective.lm, run.optimizer, run.ctx)
     return {
         "fingerprint": run.fingerprint,
-        "model": run.objective.lm.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
+        "model": model,
+        "optimizer": optimizer,
         "scheduler": run.scheduler.state_dict(),
         "state": asdict(state),
         "rng": {"torch": torch.get_rng_state(), "dropout": run.generator.get_state()},
@@ -260,8 +278,7 @@ def restore(run: Run, checkpoint_dir: Path) -> TrainState:
     if payload["fingerprint"] != run.fingerprint:
         logger.warning("%s: checkpoint is from another config or corpus; training from step 0", checkpoint_dir)
         return TrainState()
-    run.objective.lm.load_state_dict(payload["model"])
-    run.optimizer.load_state_dict(payload["optimizer"])
+    dist_utils.load_full_state(run.objective.lm, run.optimizer, payload["model"], payload["optimizer"], run.ctx)
     run.scheduler.load_state_dict(payload["scheduler"])
     torch.set_rng_state(payload["rng"]["torch"])
     run.generator.set_state(payload["rng"]["dropout"])
@@ -282,8 +299,9 @@ def train_loop(run: Run, state: TrainState, checkpoint_dir: Path, stop: int, pro
             bar.update(1)
             bar.set_postfix({f"x{layer}": f"{value:.3f}" for layer, value in result["exits"].items()})
             if state.step % variant.checkpoint_every == 0 or state.step == variant.steps:
+                payload = checkpoint_payload(run, state)  # on every rank: FSDP gathers the shards
                 if run.ctx.is_main:
-                    save_checkpoint(checkpoint_dir, checkpoint_payload(run, state))
+                    save_checkpoint(checkpoint_dir, payload)
                 dist_utils.barrier(run.ctx)
     return state
 
@@ -311,7 +329,7 @@ def _time_fwd_bwd(run: Run, batch: tuple, keep: torch.Tensor, weights: dict[int,
         loss, _ = run.objective(ids, labels, keep, weights, num_tokens)
     loss.backward()
     seconds = time.perf_counter() - started
-    run.optimizer.zero_grad(set_to_none=True)
+    run.objective.zero_grad(set_to_none=True)
     return seconds
 
 
@@ -484,6 +502,25 @@ def build_report(run: Run, state: TrainState, name: str, final: dict[str, float]
     }
 
 
+def unsharded(run: Run, base_model: Path) -> Run:
+    """``run``, or under FSDP a copy of it on rank 0 around a whole model with the trained weights.
+
+    What :func:`finish` does on rank 0 alone (evaluation, timing, ``save_pretrained``) then needs no other rank.
+    Collective under FSDP (every rank calls it; the other ranks get ``run`` back).
+    """
+    if not run.ctx.sharded:
+        return run
+    model_state = dist_utils.full_model_state(run.objective.lm, run.ctx)
+    if not run.ctx.is_main:
+        return run
+    causal_lm = load_causal_lm(base_model, "float32", run.device.type).train()
+    causal_lm.load_state_dict(model_state)
+    if run.variant.freeze_embeddings:
+        freeze_embeddings(causal_lm)
+    objective = EarlyExitObjective(causal_lm)
+    return replace(run, objective=objective, module=objective)
+
+
 def finish(run: Run, state: TrainState, tokenizer: Any, paths: TrainPaths, name: str) -> dict[str, Any]:
     """Rank 0: final per-exit losses, the step-time ratio, the model dir and the report."""
     examples = [run.corpus.examples[i] for i in run.order.step_indices(max(state.step - 1, 0))]
@@ -506,7 +543,7 @@ def train(
 ) -> dict[str, Any] | None:
     """Train (or resume) one variant; returns the report, or None when stopped by ``max_steps_this_run``.
 
-    Runs single-process, or as one rank of a ``torchrun`` job when ``variant.distributed`` is ``ddp``.
+    Runs single-process, or as one rank of a ``torchrun`` job when ``variant.distributed`` is ``ddp`` or ``fsdp``.
     ``max_steps_this_run`` stops after that many steps without saving anything beyond the regular
     checkpoints, which is what a kill at that moment leaves behind (used by the resume test).
     """
@@ -518,6 +555,7 @@ def train(
         state = train_loop(run, state, paths.checkpoints, stop, progress)
         if state.step < variant.steps:
             return None
+        run = unsharded(run, paths.base_model)
         report = finish(run, state, tokenizer, paths, name) if ctx.is_main else None
         dist_utils.barrier(ctx)
         if ctx.is_main:
