@@ -383,7 +383,9 @@ def intervals(
     if sum(d for _, d in drafted):
         out["acceptance_rate"] = ratio_interval([a for a, _ in drafted], [d for _, d in drafted], seed).to_dict()
     if greedy is not None:
-        pairs = [(r, g) for r, g in zip(records, greedy, strict=True) if r.get("error") is None is g.get("error")]
+        pairs = [
+            (r, g) for r, g in zip(records, greedy, strict=True) if r.get("error") is None and g.get("error") is None
+        ]
         timed = [(r["decode"], g["decode"]) for r, g in pairs if r["decode"]["num_tokens"] * g["decode"]["num_tokens"]]
         if timed:
             out["speedup_vs_greedy"] = speedup_interval(

@@ -100,6 +100,19 @@ def _bootstrap(
     return Interval(estimate, min(low, estimate), max(high, estimate), n, method=method)
 
 
+def paired_interval(
+    columns: Sequence[Sequence[float]],
+    statistic: Callable[..., np.ndarray],
+    seed: int = DEFAULT_SEED,
+) -> Interval:
+    """The interval of any ``statistic(*columns, axis=-1)`` of equally long columns, one entry per sample,
+    samples resampled together (a gain of one fraction over another, say)."""
+    arrays = [np.asarray(column, dtype=float) for column in columns]
+    if not arrays or arrays[0].size == 0 or len({a.shape for a in arrays}) != 1:
+        raise ValueError("paired_interval needs equally long, non-empty columns (one entry per sample)")
+    return _bootstrap(arrays, statistic, float(statistic(*arrays, axis=-1)), seed)
+
+
 def mean_interval(values: Sequence[float], seed: int = DEFAULT_SEED) -> Interval:
     """Mean of a per-sample metric with its bootstrap interval (samples resampled)."""
     column = np.asarray(values, dtype=float)

@@ -97,3 +97,15 @@ def test_early_exit_quality_as_a_paired_fraction_of_greedy():
     fraction = found["fraction_of_greedy/exact_match"]
     assert fraction["estimate"] == pytest.approx(0.5) and fraction["low"] < 0.5 < fraction["high"] <= 1.0
     assert fraction["n"] == 40
+
+
+def test_paired_interval_of_any_statistic():
+    from exitbench.stats import paired_interval
+
+    rng = random.Random(4)
+    a = [float(rng.random() < 0.6) for _ in range(150)]
+    b = [float(rng.random() < 0.3) for _ in range(150)]
+    gap = paired_interval([a, b], lambda x, y, axis=-1: x.mean(axis=axis) - y.mean(axis=axis))
+    assert gap.low < gap.estimate < gap.high and gap.contains(0.3) and not gap.contains(0.0)
+    with pytest.raises(ValueError, match="equally long"):
+        paired_interval([a, b[:-1]], lambda x, y, axis=-1: x.mean(axis=axis))

@@ -46,7 +46,7 @@ from exitbench.report.check import (
     our_setting_of_eval,
 )
 from exitbench.report.results import EvalResult, Results, SweepRow
-from exitbench.stats import CONFIDENCE, Interval, _bootstrap, mean_interval, ratio_interval, speedup_interval
+from exitbench.stats import CONFIDENCE, Interval, mean_interval, paired_interval, ratio_interval, speedup_interval
 
 _EDGE = 1e-9  # floating-point slack so that exactly-at-the-edge counts as inside
 CONTROL_NOTE = ("the same finetune without LayerSkip's layer dropout and early-exit loss: not trained or not "
@@ -274,8 +274,7 @@ def gain_measured(ee: EvalResult, ar: EvalResult, ctrl_ee: EvalResult, ctrl_ar: 
     recs = [records.of(r) or {} for r in (ee, ar, ctrl_ee, ctrl_ar)]
     cols = _columns(recs, [lambda r: _score(r, metric)] * 4)
     if cols and cols[1].sum() > 0 and cols[3].sum() > 0:
-        estimate = float(_fraction_gain(*cols))
-        return Measured(_bootstrap(cols, _fraction_gain, estimate, 1234),
+        return Measured(paired_interval(cols, _fraction_gain),
                         f"paired bootstrap over {len(cols[0])} samples shared by the four results")
     ours, ctrl = fraction_measured(ee, ar, metric, records), fraction_measured(ctrl_ee, ctrl_ar, metric, records)
     if ours.interval is None or ctrl.interval is None:
