@@ -20,7 +20,6 @@ from torch.distributed.tensor import DTensor
 
 from exitbench.config import TrainVariant, load_stage
 from exitbench.models.load import load_causal_lm
-from exitbench.models.tiny import random_llama
 from exitbench.training import distributed as dist_utils
 from exitbench.training import trainer
 from exitbench.training.corpora import DataOrder, build_corpus
@@ -29,7 +28,16 @@ from exitbench.training.early_exit_loss import normalized_weights
 from exitbench.training.layer_dropout import keep_mask
 from exitbench.training.schedules import dropout_rates
 from exitbench.training.trainer import TrainPaths, micro_batches, train
-from tests.test_trainer import BASE, ROOT, ROWS, _load_pipeline, _write_config, char_tokenizer, paths_for, variant
+from tests.test_trainer import (
+    BASE,
+    ROOT,
+    _load_pipeline,
+    _write_config,
+    char_tokenizer,
+    make_workspace,
+    paths_for,
+    variant,
+)
 
 WORLD = 2
 # 2 processes vs 1 add the same terms in another order: losses agree to float rounding (measured ~2e-7).
@@ -51,15 +59,7 @@ KEEP = torch.tensor([[1] * 8, [1] * 4 + [0] * 4, [0] * 5 + [1] + [0] * 2, [0] * 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("fsdp")
-    base = root / "models" / "base"
-    random_llama(seed=0).save_pretrained(base)
-    char_tokenizer().save_pretrained(base)
-    data = root / "data"
-    (data / "topv2").mkdir(parents=True)
-    lines = [json.dumps(ROWS[i % len(ROWS)]) for i in range(32)]
-    (data / "topv2" / "train.jsonl").write_text("\n".join(lines) + "\n")
-    return {"root": root, "base": base, "data": data}
+    return make_workspace(tmp_path_factory.mktemp("fsdp"))
 
 
 def torchrun(script: Path, args: list[str]) -> None:

@@ -46,9 +46,8 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("train")
+def make_workspace(root: Path) -> dict[str, Path]:
+    """A tiny base model (random weights, character tokenizer) and a TOPv2 train split under ``root``."""
     base = root / "models" / "base"
     random_llama(seed=0).save_pretrained(base)
     char_tokenizer().save_pretrained(base)
@@ -57,6 +56,11 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
     lines = [json.dumps(ROWS[i % len(ROWS)]) for i in range(32)]
     (data / "topv2" / "train.jsonl").write_text("\n".join(lines) + "\n")
     return {"root": root, "base": base, "data": data}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> dict[str, Path]:
+    return make_workspace(tmp_path_factory.mktemp("train"))
 
 
 def paths_for(workspace: dict[str, Path], name: str) -> TrainPaths:
