@@ -38,7 +38,7 @@ from exitbench.identity import method_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
-from exitbench.stats import mean_interval, ratio_interval, speedup_interval
+from exitbench.stats import Interval, mean_interval, ratio_interval, speedup_interval
 from exitbench.subvocab import write_task_draft_vocab
 from exitbench.tasks.base import require_isolation
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
@@ -386,12 +386,8 @@ def intervals(
         pairs = [
             (r, g) for r, g in zip(records, greedy, strict=True) if r.get("error") is None and g.get("error") is None
         ]
-        timed = [(r["decode"], g["decode"]) for r, g in pairs if r["decode"]["num_tokens"] * g["decode"]["num_tokens"]]
-        if timed:
-            out["speedup_vs_greedy"] = speedup_interval(
-                [g["wall_time_s"] for _, g in timed], [g["num_tokens"] for _, g in timed],
-                [m["wall_time_s"] for m, _ in timed], [m["num_tokens"] for m, _ in timed], seed,
-            ).to_dict()
+        if (speedup := paired_speedup(records, greedy, seed)) is not None:
+            out["speedup_vs_greedy"] = speedup.to_dict()
         if pairs:
             mismatched = [float(first_divergence(r["tokens"], g["tokens"]) is not None) for r, g in pairs]
             out["mismatch_rate"] = mean_interval(mismatched, seed).to_dict()
@@ -403,6 +399,24 @@ def intervals(
     return out
 
 
+def paired_speedup(
+    records: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]], seed: int
+) -> Interval | None:
+    """The speed-up over ``baseline`` (time per token ratio) with its interval, prompt by prompt over the samples
+    both generated without error (the shorter record list's prefix); None when none did."""
+    timed = [
+        (r["decode"], b["decode"])
+        for r, b in zip(records, baseline, strict=False)
+        if r.get("error") is None and b.get("error") is None and r["decode"]["num_tokens"] * b["decode"]["num_tokens"]
+    ]
+    if not timed:
+        return None
+    return speedup_interval(
+        [b["wall_time_s"] for _, b in timed], [b["num_tokens"] for _, b in timed],
+        [m["wall_time_s"] for m, _ in timed], [m["num_tokens"] for m, _ in timed], seed,
+    )
+
+
 def add_framework_speedup(
     summary: dict[str, Any], records: Sequence[dict[str, Any]], own_greedy: Sequence[dict[str, Any]], seed: int
 ) -> None:
@@ -412,17 +426,9 @@ def add_framework_speedup(
     peer gets, engine and kernels included. ``speedup_vs_framework_greedy`` compares it with transformers'
     own greedy ``generate()`` on the same prompts: the method's merit inside its framework.
     """
-    timed = [
-        (r["decode"], g["decode"])
-        for r, g in zip(records, own_greedy, strict=False)
-        if r.get("error") is None and g.get("error") is None and r["decode"]["num_tokens"] * g["decode"]["num_tokens"]
-    ]
-    if not timed:
+    interval = paired_speedup(records, own_greedy, seed)
+    if interval is None:
         return
-    interval = speedup_interval(
-        [g["wall_time_s"] for _, g in timed], [g["num_tokens"] for _, g in timed],
-        [m["wall_time_s"] for m, _ in timed], [m["num_tokens"] for m, _ in timed], seed,
-    )
     summary["speed"]["speedup_vs_framework_greedy"] = interval.estimate
     summary["intervals"]["speedup_vs_framework_greedy"] = interval.to_dict()
     summary["framework_greedy"] = FRAMEWORK_GREEDY

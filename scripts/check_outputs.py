@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from exitbench import config
+from exitbench.decoding import method_class
 from exitbench.evaluation import FRAMEWORK_GREEDY, runs_on
 from exitbench.report.results import EVAL_INPUT_FILES
 
@@ -56,7 +57,8 @@ def main() -> int:
         if correctness.get("exact_claimed") and summary.get("dtype") == "float32" and correctness.get("num_mismatched"):
             problems.append(f"{path}: an exact method mismatched greedy in float32 ({correctness['num_mismatched']})")
         own_greedy = path.with_name(f"{FRAMEWORK_GREEDY}.json")
-        if summary.get("base_method", "").startswith("hf_") and path != own_greedy and own_greedy.exists():
+        framework = method_class(summary["method"]).framework if summary.get("method") else "exitbench"
+        if framework != "exitbench" and path != own_greedy and own_greedy.exists():
             if summary["speed"].get("speedup_vs_framework_greedy") is None:
                 problems.append(f"{path}: a transformers peer without its speed-up against {FRAMEWORK_GREEDY}")
     for path in Path("results/calibrate").glob("*.json"):

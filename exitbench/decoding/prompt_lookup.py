@@ -24,7 +24,7 @@ from pydantic import Field
 
 from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
 from exitbench.decoding.speculative import forward_all
-from exitbench.decoding.steps import finish, greedy, new_cache_for, prefill
+from exitbench.decoding.steps import accept_drafts, finish, greedy, new_cache_for, prefill
 from exitbench.models.cache import KVCache
 
 
@@ -66,15 +66,9 @@ def verify_round(
     ``last`` is committed but not yet in ``cache``; afterwards the cache holds it and the accepted drafts.
     """
     full_choice = forward_all(model, cache, [last, *drafts], position)[0].argmax(-1).tolist()
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == full_choice[accepted]:
-        accepted += 1
-    cache.crop(position + accepted + 1)
-    result.num_rounds += 1
-    result.num_drafted += len(drafts)
-    result.num_accepted += accepted
-    result.acceptance_histogram[accepted] += 1
-    return [*drafts[:accepted], full_choice[accepted]]
+    committed = accept_drafts(drafts, full_choice, result)
+    cache.crop(position + len(committed))
+    return committed
 
 
 @register

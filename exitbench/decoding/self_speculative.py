@@ -22,7 +22,7 @@ import torch
 from pydantic import Field
 
 from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
-from exitbench.decoding.steps import draft_hidden, finish, greedy, new_cache_for, prefill
+from exitbench.decoding.steps import accept_drafts, draft_hidden, finish, greedy, new_cache_for, prefill
 from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
 
@@ -96,15 +96,8 @@ class SelfSpeculative(DecodingMethod):
         exit_states.append(draft_hidden(model, cache, [token], position + len(drafts), exit_layer))
         verify_in = torch.cat(exit_states, dim=1)  # [1, k+1, H], positions position..position+k
         verified = model.logits(model.forward_layers(verify_in, exit_layer, model.num_layers, position, cache))
-        full_choice = verified[0].argmax(-1).tolist()  # y_0..y_k
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == full_choice[accepted]:
-            accepted += 1
-        cache.crop(position + accepted + 1)  # keep `last` and the accepted drafts, in every layer
-        result.num_rounds += 1
-        result.num_drafted += len(drafts)
-        result.num_accepted += accepted
-        result.acceptance_histogram[accepted] += 1
+        committed = accept_drafts(drafts, verified[0].argmax(-1).tolist(), result)
+        cache.crop(position + len(committed))  # keep `last` and the accepted drafts, in every layer
         result.layer_calls["draft_forwards"] += len(drafts) + 1
         result.layer_calls["verify_forwards"] += 1
-        return [*drafts[:accepted], full_choice[accepted]]
+        return committed

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field
 
 from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
-from exitbench.decoding.steps import as_ids, finish, greedy, new_cache_for, prefill
+from exitbench.decoding.steps import accept_drafts, as_ids, finish, greedy, new_cache_for, prefill
 from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel
@@ -94,16 +94,9 @@ class Speculative(DecodingMethod):
             if token in stop.eos_token_ids:
                 break
         verified = forward_all(model, cache, [sequence[-1], *drafts], position)
-        full_choice = verified[0].argmax(-1).tolist()  # y_0..y_k
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == full_choice[accepted]:
-            accepted += 1
-        cache.crop(position + accepted + 1)  # `last` and the accepted drafts
-        draft_cache.crop(position + accepted + 1)  # what the draft read of them (all but the last draft)
-        result.num_rounds += 1
-        result.num_drafted += len(drafts)
-        result.num_accepted += accepted
-        result.acceptance_histogram[accepted] += 1
+        committed = accept_drafts(drafts, verified[0].argmax(-1).tolist(), result)
+        cache.crop(position + len(committed))  # `last` and the accepted drafts
+        draft_cache.crop(position + len(committed))  # what the draft read of them (all but the last draft)
         result.layer_calls["draft_forwards"] += len(drafts)
         result.layer_calls["verify_forwards"] += 1
-        return [*drafts[:accepted], full_choice[accepted]]
+        return committed

@@ -49,6 +49,21 @@ def draft_hidden(
     return model.forward_layers(model.embed(as_ids(model, tokens)), 0, exit_layer, position, cache)
 
 
+def accept_drafts(drafts: Sequence[int], full_choice: Sequence[int], result: DecodeResult) -> list[int]:
+    """One verification round's committed tokens: the longest prefix of ``drafts`` equal to the full model's
+    greedy choices ``full_choice`` (y_0..y_k at the draft positions) plus its next choice; the round is
+    counted into ``result`` (rounds, drafted, accepted, acceptance histogram). Greedy acceptance keeps the
+    output identical to greedy decoding."""
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == full_choice[accepted]:
+        accepted += 1
+    result.num_rounds += 1
+    result.num_drafted += len(drafts)
+    result.num_accepted += accepted
+    result.acceptance_histogram[accepted] += 1
+    return [*drafts[:accepted], full_choice[accepted]]
+
+
 def new_cache_for(model: EarlyExitModel, prompt_len: int, max_new_tokens: int, slack: int = 16) -> KVCache:
     """A cache sized for the whole generation (plus draft overshoot), so no step reallocates."""
     return model.new_cache(prompt_len + max_new_tokens + slack)
