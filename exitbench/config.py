@@ -203,6 +203,24 @@ class BenchConfig(Section):
     )
 
 
+class ThroughputConfig(Section):
+    """Batched decoding: tokens per second at each batch size, each method beside greedy at the same B."""
+
+    model: str = "layerskip"
+    task: str = "topv2"
+    batch_sizes: list[Annotated[int, Field(ge=1)]] = Field([1, 4, 16], min_length=1)
+    num_prompts: int = Field(32, ge=1, description="prompts of the task's seeded, stratified sample")
+    max_new_tokens: int = Field(32, ge=1)
+    repeats: int = Field(1, ge=1)
+    chat_template: bool = False
+    methods: dict[str, dict[str, Any]] = Field(
+        {"early_exit": {"exit_layer": 12}, "self_speculative": {"exit_layer": 12, "num_speculations": 1}},
+        description="label -> options of a method with a batched form (greedy, autoregressive, always runs)",
+    )
+    draft_vocab_size: int = Field(0, ge=0, description="> 0: self-speculation drafts over the task's N most "
+                                  "frequent training tokens, as in evaluate")
+
+
 class CalibrateConfig(Section):
     """CALM's Learn-then-Test calibration (CALM §4); the defaults are the cpu profile's."""
 
@@ -251,6 +269,7 @@ class Config(Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     bench: BenchConfig = BenchConfig()
     calibrate: CalibrateConfig = CalibrateConfig()
+    throughput: ThroughputConfig = ThroughputConfig()
     probe: ProbeConfig = ProbeConfig()
     cost_model: CostModelConfig = CostModelConfig()
     check: CheckConfig = CheckConfig()
@@ -267,6 +286,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "evaluate": ("base", "model", "evaluate"),
     "bench_decoding": ("base", "bench"),
     "calibrate": ("base", "calibrate"),
+    "throughput": ("base", "throughput"),
     "cost_model": ("base", "cost_model"),
     "report": ("base",),
     "check": ("base", "check"),
@@ -420,8 +440,10 @@ def check_references(
     models = ["base", *sorted(cfg.train.variants)]
     for key in ("evaluate.models", "probe.models", "bench.models", "calibrate.models"):
         _check_known(where, key, "model", _get(cfg, key), models, "allowed (base or a train.variants key)")
+    _check_known(where, "throughput.model", "model", [cfg.throughput.model], models,
+                 "allowed (base or a train.variants key)")
     named_tasks = {"evaluate.tasks": list(cfg.evaluate.tasks), "calibrate.tasks": cfg.calibrate.tasks,
-                   "bench.task": [cfg.bench.task]}
+                   "bench.task": [cfg.bench.task], "throughput.task": [cfg.throughput.task]}
     for key, names in named_tasks.items():
         _check_known(where, key, "task", names, sorted(tasks), "registered")
         for name in names:
@@ -430,7 +452,7 @@ def check_references(
                     f"{where}: {key}: task '{name}' is not in data.tasks ({', '.join(cfg.data.tasks)}); "
                     "add it there so prepare_data makes its data"
                 )
-    for key in ("evaluate.methods", "bench.peers"):  # a label <method>@<name> runs <method> with other options
+    for key in ("evaluate.methods", "bench.peers", "throughput.methods"):  # <method>@<name>: other options
         names = [name.split("@", 1)[0] for name in _get(cfg, key)]
         _check_known(where, key, "method", names, sorted(methods), "registered")
     for label, names in cfg.evaluate.method_models.items():
@@ -441,11 +463,12 @@ def check_references(
             )
         _check_known(where, f"evaluate.method_models.{label}", "model", names, list(cfg.evaluate.models),
                      "in evaluate.models")
-    for name, options in cfg.evaluate.methods.items():
-        try:
-            parse_options(name, options)
-        except ExitbenchError as err:
-            raise ExitbenchError(f"{where}: evaluate.methods.{name}: {err}") from None
+    for key in ("evaluate.methods", "throughput.methods"):
+        for name, options in _get(cfg, key).items():
+            try:
+                parse_options(name, options)
+            except ExitbenchError as err:
+                raise ExitbenchError(f"{where}: {key}.{name}: {err}") from None
 
 
 def _get(cfg: Config, key: str) -> Any:

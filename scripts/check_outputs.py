@@ -26,6 +26,8 @@ def expected_files(cfg: config.Config) -> list[Path]:
             ]
     files += [Path("results/bench/sweep.json"), Path("results/bench/sweep.csv")]
     files += [Path(f"results/calibrate/{m}.json") for m in cfg.calibrate.models]
+    files += [Path("results/throughput/throughput.json"), Path("results/throughput/throughput.csv")]
+    files += [Path("results/plots/throughput_vs_batch.png")]
     files += [
         Path("results/README.md"),
         Path("results/metrics.json"),
@@ -33,6 +35,28 @@ def expected_files(cfg: config.Config) -> list[Path]:
         Path("results/check.json"),
     ]
     return files
+
+
+def throughput_problems(cfg: config.Config, path: Path) -> list[str]:
+    """Every configured method (with a batched form) at every batch size, and no batched row that differs from
+    its batch-1 tokens."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    have = {(row["method"], row["batch_size"]) for row in data["rows"]}
+    skipped = {s["what"] for s in data.get("skipped", [])}
+    labels = ["autoregressive", *cfg.throughput.methods]
+    problems = [
+        f"{path}: no row for {label} at B={b}"
+        for label in labels for b in cfg.throughput.batch_sizes
+        if (label, b) not in have and label not in skipped and f"B={b}" not in skipped
+    ]
+    problems += [
+        f"{path}: {row['method']} at B={row['batch_size']} differs from its B=1 tokens on {row['mismatches_vs_b1']}"
+        " rows"
+        for row in data["rows"] if row.get("mismatches_vs_b1")
+    ]
+    return problems
 
 
 def main() -> int:
@@ -64,6 +88,7 @@ def main() -> int:
     for path in Path("results/calibrate").glob("*.json"):
         if not json.loads(path.read_text()).get("provenance", {}).get("num_parameters"):
             problems.append(f"{path}: provenance has no num_parameters (the check cannot compare model sizes)")
+    problems += throughput_problems(cfg, Path("results/throughput/throughput.json"))
     check = json.loads(Path("results/check.json").read_text()) if Path("results/check.json").exists() else {}
     text = json.dumps(check)
     for figure in ("2.16", "1.82", "2.0"):

@@ -31,6 +31,7 @@ from exitbench.report.tables import (
     sweep_estimate,
     write_csv,
 )
+from exitbench.report.throughput import plot_throughput
 
 MARKERS = {
     "autoregressive": "o",
@@ -631,7 +632,8 @@ def write_plots(results: Results, papers: tuple[Paper, ...], out_dir: str | Path
     accept, accept_data = plot_acceptance_vs_exit(results, papers, out_dir)
     readable, readable_data = plot_readability(results, out_dir)
     calm, calm_data = plot_calm(results, out_dir)
-    files += pareto + plot_sweep_heatmap(results, out_dir) + accept + readable + calm
+    batched, batched_data = plot_throughput(results.throughput, out_dir, _save, _source_line)
+    files += pareto + plot_sweep_heatmap(results, out_dir) + accept + readable + calm + batched
     sweep_data = [
         {
             "model": r.model,
@@ -651,6 +653,7 @@ def write_plots(results: Results, papers: tuple[Paper, ...], out_dir: str | Path
         ("acceptance_vs_exit.csv", accept_data),
         ("readability.csv", readable_data),
         ("calm_threshold.csv", calm_data),
+        ("throughput_speedup.csv", batched_data),
     ):
         if rows:
             files.append(write_csv(out_dir / "data" / name, rows))

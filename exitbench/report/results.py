@@ -334,6 +334,7 @@ class Results:
     calibrations: tuple[Calibration, ...]
     cost_models: tuple[CostModel, ...]
     trains: tuple[TrainReport, ...]
+    throughput: dict[str, Any] | None = None  # results/throughput/throughput.json (exitbench.report.throughput)
 
     def eval_models(self) -> list[str]:
         return sorted({r.model for r in self.evals})
@@ -424,6 +425,17 @@ def load_trains(root: Path) -> tuple[TrainReport, ...]:
     return tuple(reports)
 
 
+def load_throughput(root: Path) -> dict[str, Any] | None:
+    """``results/throughput/throughput.json`` (the throughput stage's rows), or None when it has not run."""
+    path = root / "throughput" / "throughput.json"
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or "provenance" not in data:
+        raise ExitbenchError(f"{path}: expected the throughput stage's JSON (rows, provenance); `dvc repro throughput`")
+    return data
+
+
 def load_results(root: str | Path) -> Results:
     """Load and validate every result file under ``root``; the directory itself must exist."""
     root = Path(root)
@@ -437,4 +449,5 @@ def load_results(root: str | Path) -> Results:
         calibrations=load_calibrations(root),
         cost_models=load_cost_models(root),
         trains=load_trains(root),
+        throughput=load_throughput(root),
     )

@@ -19,6 +19,7 @@ from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import Paper
 from exitbench.report.results import CalibrationRow, EvalResult, Probe, Provenance, Results, SweepRow
+from exitbench.report.throughput import table_rows, throughput_section
 from exitbench.stats import Interval
 
 PRIMARY_METRIC = {"cnndm": "rouge2", "xsum": "rouge2", "humaneval": "pass@1", "mbpp": "pass@1", "topv2": "exact_match"}
@@ -964,6 +965,7 @@ def render_readme(
         *probe_section(results),
         *calibration_section(results),
         *training_section(results, papers),
+        *throughput_section(results.throughput),
         *prediction_section(results, papers),
         *plots_section(plot_files, out_dir),
     ]
@@ -1161,6 +1163,7 @@ def write_text_outputs(
         "calibrate.csv": calibration_rows(results),
         "predicted_vs_reported.csv": prediction_rows(results, papers),
         "paper_rows.csv": paper_rows(papers),
+        "throughput.csv": table_rows(results.throughput) if results.throughput else [],
     }
     written += [write_csv(tables / name, rows) for name, rows in candidates.items() if rows]
     metrics_path = out_dir / "metrics.json"
