@@ -8,20 +8,15 @@ import torch
 from exitbench.decoding import REGISTRY, StopRule, build_method
 from exitbench.decoding.steps import new_cache_for, prefill
 from exitbench.errors import ExitbenchError
+from tests.decoding_helpers import greedy_tokens, prompts
 
 NUM_LAYERS = 4
 MAX_NEW = 24  # >= 2 * max d, so both accept and reject paths run
 
 
-def prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 12, 17)]
-
-
 @pytest.fixture(scope="module")
 def greedy_outputs(tiny_model):
-    method = build_method("autoregressive", tiny_model)
-    return [method.generate(p, MAX_NEW).tokens for p in prompts()]
+    return greedy_tokens(tiny_model, MAX_NEW)
 
 
 def test_autoregressive_matches_transformers_generate(tiny_model, tiny_lm, greedy_outputs):

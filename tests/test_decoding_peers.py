@@ -4,26 +4,20 @@ both equal greedy decoding token for token on the tiny seeded model."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from exitbench.decoding import StopRule, build_method
 from exitbench.errors import ExitbenchError
 from exitbench.models.tiny import random_llama
 from exitbench.models.view import EarlyExitModel
+from tests.decoding_helpers import greedy_tokens, prompts
 
 NUM_LAYERS = 4
 MAX_NEW = 20  # >= 2 * max d (8), so accept and reject paths both run
 
 
-def prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 12, 17)]
-
-
 @pytest.fixture(scope="module")
 def greedy_outputs(tiny_model):
-    method = build_method("autoregressive", tiny_model)
-    return [method.generate(p, MAX_NEW).tokens for p in prompts()]
+    return greedy_tokens(tiny_model, MAX_NEW)
 
 
 @pytest.fixture(scope="module")

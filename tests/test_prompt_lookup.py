@@ -14,6 +14,7 @@ from exitbench.decoding import prompt_lookup as pld
 from exitbench.decoding import self_speculative_lookup as ssl
 from exitbench.decoding.prompt_lookup import lookup_draft
 from exitbench.errors import ExitbenchError
+from tests.decoding_helpers import greedy_tokens, prompts
 
 NUM_LAYERS = 4
 MAX_NEW = 24
@@ -28,15 +29,9 @@ LOOKUP_METHODS = [
 ]
 
 
-def prompts() -> list[list[int]]:
-    gen = torch.Generator().manual_seed(7)
-    return [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (5, 12, 17)]
-
-
 @pytest.fixture(scope="module")
 def greedy_outputs(tiny_model):
-    method = build_method("autoregressive", tiny_model)
-    return [method.generate(p, MAX_NEW).tokens for p in prompts()]
+    return greedy_tokens(tiny_model, MAX_NEW)
 
 
 def test_lookup_takes_the_longest_ngram_and_its_leftmost_match():
