@@ -83,7 +83,7 @@ class TrainVariant(Section):
     control_of: str | None = Field(
         None,
         description="the variant this one is the control of: every setting must equal that variant's except the "
-        "recipe, layer dropout (p_max, dropout_schedule), e_scale and checkpoint_every",
+        "recipe, layer dropout (p_max, dropout_schedule), e_scale, exit_vocab_size and checkpoint_every",
     )
     steps: int = Field(300, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -98,6 +98,13 @@ class TrainVariant(Section):
     e_scale: float = Field(1.0, ge=0)
     curriculum: Literal["rotational", "gradual", "none"] = "rotational"
     rotation: int = Field(8, ge=1)
+    exit_vocab_size: int = Field(
+        0,
+        ge=0,
+        description="score every exit but the last over the N most frequent target tokens of the training "
+        "corpus (0 = the whole vocabulary): the set a sub-vocabulary draft proposes from, at ~N/V of an exit's "
+        "head cost; the last layer keeps the whole vocabulary",
+    )
     autocast_bf16: bool = True
     freeze_embeddings: bool = Field(
         False,
@@ -113,7 +120,9 @@ class TrainVariant(Section):
 
 
 # What a control may differ in from the variant it controls (the method itself, and bookkeeping).
-CONTROL_MAY_DIFFER = frozenset({"recipe", "p_max", "dropout_schedule", "e_scale", "checkpoint_every", "control_of"})
+CONTROL_MAY_DIFFER = frozenset(
+    {"recipe", "p_max", "dropout_schedule", "e_scale", "exit_vocab_size", "checkpoint_every", "control_of"}
+)
 
 
 class TrainConfig(Section):

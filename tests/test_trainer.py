@@ -280,6 +280,26 @@ def test_calm_recipe_and_gradual_curriculum_run(workspace):
     assert report["history"][0]["exits"].keys() == {"3"}
 
 
+def test_training_with_an_exit_vocabulary_reports_its_size_and_coverage(workspace):
+    report = train(
+        variant(steps=3, curriculum="none", exit_vocab_size=12, timing_steps=1),
+        BASE,
+        paths_for(workspace, "subvocab"),
+        progress=False,
+    )
+    exit_vocab = report["exit_vocab"]
+    assert exit_vocab["size"] in (12, 13)  # + the stop token when it is not among the 12
+    assert 0.3 < exit_vocab["target_coverage"] < 1.0
+    assert report["step_time_ratio"]["ratio"] > 0 and len(report["final_exit_losses"]) == 4
+    plain = train(
+        variant(steps=3, curriculum="none", timing_steps=0), BASE, paths_for(workspace, "fullvocab"), progress=False
+    )
+    assert plain["exit_vocab"] is None
+    # the last layer's loss is the same objective with or without the set: equal at the first step
+    assert report["history"][0]["exits"]["3"] == pytest.approx(plain["history"][0]["exits"]["3"], rel=1e-6)
+    assert report["history"][0]["exits"]["1"] < plain["history"][0]["exits"]["1"]
+
+
 def _write_config(path: Path, config: TrainVariant) -> None:
     full = Config(profile="cpu", base=BASE, train=TrainConfig(variants={"v": config}))
     path.write_text(full.model_dump_json())

@@ -4,6 +4,8 @@ J(X, Y, t) = sum_l e~(t, l) CE(g(x_{l+1}), Y) through the ONE shared head g (fin
 (LayerSkip, Elhoushi et al. 2024, arXiv:2404.16710, §4.2). The head is evaluated only at exits with a
 non-zero normalised weight, only at positions that carry a label, and fused with the cross-entropy
 (:mod:`exitbench.training.fused_head_loss`): with a 49k vocabulary the head is the expensive part of an exit.
+With a sub-vocabulary (:meth:`EarlyExitObjective.set_exit_vocab`) every exit but the last is scored over the
+training corpus's most frequent target tokens only, the set a sub-vocabulary draft proposes from.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from torch import nn
 
 from exitbench.errors import ExitbenchError
 from exitbench.models.view import EarlyExitModel
-from exitbench.training.fused_head_loss import head_cross_entropy_sum
+from exitbench.training.fused_head_loss import cross_entropy_sum, head_cross_entropy_sum
 from exitbench.training.layer_dropout import LayerFn, Rope, forward_kept_rows
 
 IGNORE_INDEX = -100
@@ -63,6 +65,10 @@ def normalized_weights(scales: Sequence[float], enabled: Sequence[int]) -> dict[
     return {layer: scales[layer] / total for layer in sorted(enabled) if scales[layer] > 0}
 
 
+#: an exit sub-vocabulary's positions [B, S], labels as positions in the set, W[S] and b[S] (or None)
+ExitTargets = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
 def _weighted_zero(out: torch.Tensor) -> torch.Tensor:
     """A scalar 0 (exactly, even for inf or nan in ``out``) whose backward gives ``out`` a zero gradient."""
     return torch.where(torch.zeros((), dtype=torch.bool, device=out.device), out.sum(), 0.0)
@@ -84,6 +90,28 @@ class EarlyExitObjective(nn.Module):
         self.layer_forwards: list[LayerFn] = [
             functools.partial(self.view.layer_forward, index) for index in range(self.view.num_layers)
         ]
+        self.exit_vocab: torch.Tensor | None = None  # sorted ids [K] the exits are scored over; None = all
+        self._exit_index: torch.Tensor | None = None  # [V]: a token's position in exit_vocab, -1 outside it
+
+    def set_exit_vocab(self, token_ids: Sequence[int] | None) -> None:
+        """Score every exit but the last layer over ``token_ids`` only (None or empty: the whole vocabulary).
+
+        CE at exit l becomes -log softmax(W[S] g(x_{l+1}))_y over the set S, at the positions whose label y is
+        in S; other positions carry no exit loss (a draft drawn from S cannot propose y, and the full model's
+        verification rejects whatever it proposes instead). The last layer keeps the whole vocabulary, so the
+        model's own output distribution is trained exactly as without the set.
+        """
+        if not token_ids:
+            self.exit_vocab = self._exit_index = None
+            return
+        weight = self.view.lm_head.weight
+        vocab_size = weight.shape[0]
+        ids = sorted(set(int(token) for token in token_ids))
+        if ids[0] < 0 or ids[-1] >= vocab_size:
+            raise ExitbenchError(f"exit vocabulary: token ids must lie in 0..{vocab_size - 1}, got {ids[0]}..{ids[-1]}")
+        self.exit_vocab = torch.tensor(ids, dtype=torch.long, device=weight.device)
+        self._exit_index = torch.full((vocab_size,), -1, dtype=torch.long, device=weight.device)
+        self._exit_index[self.exit_vocab] = torch.arange(len(ids), device=weight.device)
 
     def forward(
         self,
@@ -93,11 +121,13 @@ class EarlyExitObjective(nn.Module):
         weights: dict[int, float],
         num_tokens: int,
         must_run: torch.Tensor | None = None,
+        full_vocab: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, labels [B, S] (labels already shifted); keep [L, B] bool (layer dropout, all True = none).
 
         must_run [L] bool (FSDP): layers to call even when no row here keeps them, since every rank must
         call the same sharded layers; such a layer runs on one row and its output enters with weight 0.
+        ``full_vocab``: score every exit over the whole vocabulary even when an exit vocabulary is set.
         """
         view = self.view
         hidden = view.embed(ids)
@@ -105,16 +135,32 @@ class EarlyExitObjective(nn.Module):
         targets = labels != IGNORE_INDEX
         flat_labels = labels[targets]
         exits = sorted(weights)
+        last = view.num_layers - 1
+        subset = None if full_vocab or self.exit_vocab is None or exits == [last] else self._exit_targets(labels)
         ce_sums = []
         for layer in range(exits[-1] + 1):
             forced = must_run is not None and bool(must_run[layer])
             hidden = self._layer(layer, hidden, rope, keep[layer], forced)
-            if layer in weights:
+            if layer not in weights:
+                continue
+            if subset is not None and layer != last:
+                rows, sub_labels, sub_weight, sub_bias = subset
+                ce_sums.append(cross_entropy_sum(view.norm(hidden[rows]), sub_weight, sub_labels, sub_bias))
+            else:
                 ce_sums.append(head_cross_entropy_sum(view.norm(hidden[targets]), view.lm_head, flat_labels))
         sums = torch.stack(ce_sums)
         scale = torch.tensor([weights[layer] for layer in exits], dtype=sums.dtype, device=sums.device)
         loss = (scale * sums).sum() / num_tokens
         return loss, sums.detach()
+
+    def _exit_targets(self, labels: torch.Tensor) -> ExitTargets:
+        """The exits' positions (label in the set) [B, S], their labels as positions in the set, and W[S], b[S]
+        (selected once per forward and shared by every exit: the gradient of each reaches W's rows in S)."""
+        position = self._exit_index[labels.clamp(min=0)]
+        rows = (labels != IGNORE_INDEX) & (position >= 0)
+        head = self.view.lm_head
+        bias = None if head.bias is None else head.bias.index_select(0, self.exit_vocab)
+        return rows, position[rows], head.weight.index_select(0, self.exit_vocab), bias
 
     def _layer(self, index: int, hidden: torch.Tensor, rope: Rope, keep: torch.Tensor, forced: bool) -> torch.Tensor:
         """x_{l+1} under layer dropout ``keep`` [B]; ``forced``: call the layer even if no row is kept.

@@ -65,16 +65,37 @@ class _HeadCrossEntropy(torch.autograd.Function):
 
 
 def head_cross_entropy_sum(
-    hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, chunk_rows: int = _CHUNK_ROWS
+    hidden: torch.Tensor,
+    head: nn.Linear,
+    labels: torch.Tensor,
+    chunk_rows: int = _CHUNK_ROWS,
+    vocab: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_n CE(head(hidden_n), labels_n) for hidden [N, H], labels [N] (no ignored rows), as a float32 scalar.
 
-    Differentiable in ``hidden`` and ``head.weight``; honours an enclosing autocast like ``F.linear``.
-    A head with a bias falls back to the unfused ``F.cross_entropy``.
+    ``vocab`` (sorted ids [K]) restricts the softmax to those rows of the head, W[vocab]: ``labels`` then index
+    into ``vocab`` (0..K-1). Differentiable in ``hidden`` and ``head.weight`` (only its ``vocab`` rows get a
+    gradient); honours an enclosing autocast like ``F.linear``.
     """
-    if head.bias is not None:
-        logits = head(hidden)
+    if vocab is None:
+        return cross_entropy_sum(hidden, head.weight, labels, head.bias, chunk_rows)
+    bias = None if head.bias is None else head.bias.index_select(0, vocab)
+    return cross_entropy_sum(hidden, head.weight.index_select(0, vocab), labels, bias, chunk_rows)
+
+
+def cross_entropy_sum(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    chunk_rows: int = _CHUNK_ROWS,
+) -> torch.Tensor:
+    """sum_n CE(hidden_n W^T + b, labels_n), fused as above; with a bias, the unfused ``F.cross_entropy``."""
+    if bias is not None:
+        logits = nn.functional.linear(hidden, weight, bias)
         return nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+    if hidden.shape[0] == 0:  # no position to score (e.g. no label in a sub-vocabulary): 0, still in the graph
+        return hidden.float().sum()
     dtype = _compute_dtype(hidden.device, hidden.dtype)
     with torch.autocast(hidden.device.type, enabled=False):
-        return _HeadCrossEntropy.apply(hidden.to(dtype), head.weight.to(dtype), labels, chunk_rows)
+        return _HeadCrossEntropy.apply(hidden.to(dtype), weight.to(dtype), labels, chunk_rows)

@@ -28,7 +28,7 @@ import shutil
 import statistics
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from tqdm import tqdm
 from exitbench.config import BaseConfig, TrainVariant
 from exitbench.errors import ExitbenchError
 from exitbench.models.load import load_causal_lm, load_tokenizer, resolve_device
+from exitbench.subvocab import frequent_token_ids
 from exitbench.training import distributed as dist_utils
 from exitbench.training.corpora import Corpus, DataOrder, Example, build_corpus, collate
 from exitbench.training.distributed import DistContext
@@ -138,6 +139,8 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
     size = variant.max_examples or variant.steps * variant.batch_size * variant.grad_accum  # one pass of the run
     corpus = build_corpus(variant.corpus, paths.data, tokenizer, variant.seq_len, size, base.seed)
     objective = EarlyExitObjective(causal_lm)
+    if variant.exit_vocab_size:
+        objective.set_exit_vocab(exit_vocabulary(corpus.examples, variant.exit_vocab_size, [tokenizer.eos_token_id]))
     if variant.freeze_embeddings:
         freeze_embeddings(causal_lm)
     module = dist_utils.wrap(objective, ctx, find_unused=variant.p_max > 0)
@@ -163,6 +166,25 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
         fingerprint=fingerprint(variant, base.seed, corpus, paths.base_model),
     )
     return run, tokenizer
+
+
+def target_tokens(example: Example) -> tuple[int, ...]:
+    """The tokens ``example`` is trained to predict (the labels :func:`collate` leaves un-ignored)."""
+    return example.tokens[max(example.prompt_len, 1) :]
+
+
+def exit_vocabulary(examples: Sequence[Example], size: int, always: Iterable[int | None] = ()) -> list[int]:
+    """The exits' sub-vocabulary: the ``size`` most frequent target tokens of the training examples (ties by
+    id), plus ``always`` (the stop token: a draft must be able to end an answer)."""
+    return frequent_token_ids(map(target_tokens, examples), size, [token for token in always if token is not None])
+
+
+def exit_vocab_coverage(examples: Sequence[Example], vocab: Sequence[int]) -> float:
+    """Share of the training target tokens inside ``vocab``: the share of positions that carry an exit loss."""
+    chosen = set(vocab)
+    total = sum(len(target_tokens(example)) for example in examples)
+    inside = sum(token in chosen for example in examples for token in target_tokens(example))
+    return inside / total if total else 0.0
 
 
 def freeze_embeddings(causal_lm: torch.nn.Module) -> None:
@@ -312,12 +334,13 @@ def _eval_batch(run: Run, examples: list[Example]) -> tuple[torch.Tensor, torch.
 
 
 def final_exit_losses(run: Run, examples: list[Example]) -> dict[str, float]:
-    """Mean CE at every exit, no layer dropout, no gradient, on ``examples``."""
+    """Mean CE at every exit over the whole vocabulary (with or without an exit sub-vocabulary, so variants
+    compare), no layer dropout, no gradient, on ``examples``."""
     ids, labels, num_tokens = _eval_batch(run, examples)
     keep = torch.ones(run.num_layers, len(examples), dtype=torch.bool)
     weights = {layer: 1.0 for layer in range(run.num_layers)}
     with torch.no_grad(), run.compute():
-        _, sums = run.objective(ids, labels, keep, weights, num_tokens)
+        _, sums = run.objective(ids, labels, keep, weights, num_tokens, full_vocab=True)
     return {str(layer): float(total) / num_tokens for layer, total in enumerate(sums)}
 
 
@@ -497,9 +520,19 @@ def build_report(run: Run, state: TrainState, name: str, final: dict[str, float]
             "total": sum(times),
         },
         "trainable_parameters": sum(p.numel() for p in run.objective.parameters() if p.requires_grad),
+        "exit_vocab": exit_vocab_report(run),
         "step_time_ratio": timing,
         "history": state.history,
     }
+
+
+def exit_vocab_report(run: Run) -> dict[str, Any] | None:
+    """Size of the exits' sub-vocabulary and the share of training target tokens it covers (None: full)."""
+    vocab = run.objective.exit_vocab
+    if vocab is None:
+        return None
+    ids = vocab.tolist()
+    return {"size": len(ids), "target_coverage": exit_vocab_coverage(run.corpus.examples, ids)}
 
 
 def unsharded(run: Run, base_model: Path) -> Run:
@@ -518,6 +551,7 @@ def unsharded(run: Run, base_model: Path) -> Run:
     if run.variant.freeze_embeddings:
         freeze_embeddings(causal_lm)
     objective = EarlyExitObjective(causal_lm)
+    objective.set_exit_vocab(None if run.objective.exit_vocab is None else run.objective.exit_vocab.tolist())
     return replace(run, objective=objective, module=objective)
 
 
