@@ -168,6 +168,10 @@ def render_plan(cfg: Config, rows: list[PlanRow], device: Device = DEVICES["h100
     lines = [f"plan for profile '{cfg.profile}': model {source} ({size}), {cfg.base.dtype} on {cfg.base.device}"]
     if cfg.model.source == "hub":
         lines.append(f"  download: {cfg.model.hub_id}@{cfg.model.revision} (~{(n or 0) * 2 / 1e9:.1f} GB)")
+    if cfg.base.device == "cpu":  # the cost model is a GPU one: on a CPU it would print ~0.00 h everywhere
+        lines += [f"  {row.stage:<16} {row.work}" for row in rows]
+        lines.append("  on CPU: no estimate (exitbench/plan.py models GPUs); measured times: README, 'Time per stage'")
+        return lines
     total = 0.0
     for row in rows:
         hours = device_hours(row, device) if n else None

@@ -37,6 +37,14 @@ def test_paper_plan_names_every_stage_download_and_hours():
     assert "H100 SXM-hours" in lines[-1]
 
 
+def test_a_cpu_profile_prints_its_work_without_gpu_hours():
+    cfg = config.load(REPO / "params.yaml", profile="cpu")
+    lines = render_plan(cfg, build_plan(cfg, exact))
+    assert lines[0].endswith("float32 on cpu") and " h" not in "".join(lines[1:-1])
+    assert lines[1].split()[0] == "train@layerskip" and "steps" in lines[1]
+    assert lines[-1].startswith("  on CPU: no estimate") and "Time per stage" in lines[-1]
+
+
 def test_training_hours_follow_six_n_d():
     cfg = config.load(REPO / "params.yaml", profile="paper")
     v = cfg.train.variants["layerskip"]
