@@ -18,13 +18,21 @@ import torch
 import transformers
 from packaging.version import InvalidVersion, Version
 
+#: tracked paths a run itself rewrites (DVC's lock, the results, DVC's config rewritten by scripts/setup.sh):
+#: their changes say nothing about the code that made a number, so they do not make a commit ``+dirty``
+RUN_OUTPUTS = ("dvc.lock", "results", ".dvc")
+
 
 def git_commit(repo: Path | None = None) -> str:
-    """HEAD's commit (with ``+dirty`` when tracked files differ), or ``unknown`` outside git."""
+    """HEAD's commit (with ``+dirty`` when tracked files other than :data:`RUN_OUTPUTS` differ), or ``unknown``
+    outside git."""
     cwd = repo or Path.cwd()
+    excluded = [f":(top,exclude){path}" for path in RUN_OUTPUTS]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=cwd, capture_output=True, text=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "-uno", "--", ":(top)", *excluded], cwd=cwd, capture_output=True, text=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

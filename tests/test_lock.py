@@ -187,3 +187,26 @@ def test_every_provenance_block_carries_the_lock(monkeypatch):
     monkeypatch.chdir(ROOT)
     block = prov.provenance({"profile": "smoke"})
     assert block["environment_lock"]["sha256"] == hashlib.sha256(LOCK.read_bytes()).hexdigest()
+
+
+def test_a_run_rewriting_its_own_outputs_leaves_the_commit_clean_and_code_changes_do_not(tmp_path):
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    for path in ("dvc.lock", "results/eval/x.json", ".dvc/config", "exitbench/code.py", "sub/dvc.lock"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("v1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    clean = prov.git_commit(tmp_path)
+    assert len(clean) == 40
+    for path in ("dvc.lock", "results/eval/x.json", ".dvc/config"):
+        (tmp_path / path).write_text("v2\n")
+    assert prov.git_commit(tmp_path) == clean
+    assert prov.git_commit(tmp_path / "results") == clean  # from a subfolder too
+    (tmp_path / "sub/dvc.lock").write_text("v2\n")  # only the top-level outputs are the run's
+    assert prov.git_commit(tmp_path) == clean + "+dirty"
+    (tmp_path / "sub/dvc.lock").write_text("v1\n")
+    (tmp_path / "exitbench/code.py").write_text("v2\n")
+    assert prov.git_commit(tmp_path) == clean + "+dirty"
