@@ -68,6 +68,7 @@ from exitbench.provenance import provenance  # noqa: E402
 BASELINE = "autoregressive"
 NUM_SPECULATIONS = 4
 CALM_THRESHOLD = 0.1  # low, so that random models do exit early and CALM's cache filling runs
+MIN_CONFIDENCE = 0.3  # adaptive self-speculation's draft floor (random weights: mostly single steps)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHORT_KEYS = {"exit_layer": "E", "num_speculations": "d"}
 
@@ -123,6 +124,7 @@ def generic_values(shape: Shape) -> dict[str, tuple[Any, ...]]:
         "exit_layer": shape.exit_layers,
         "num_speculations": (NUM_SPECULATIONS,),
         "threshold": (CALM_THRESHOLD,),
+        "min_confidence": (MIN_CONFIDENCE,),
     }
 
 

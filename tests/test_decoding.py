@@ -171,3 +171,50 @@ def test_the_projection_path_is_measured_and_only_float32_cpu_is_a_candidate():
 def test_the_view_records_its_projection_choice(tiny_model):
     assert tiny_model.projection["skinny_rows"] == tiny_model.skinny_rows
     assert "linear_us" in tiny_model.projection
+
+
+@pytest.mark.parametrize("min_confidence", [0.02, 0.2, 0.6, 0.99])
+@pytest.mark.parametrize("exit_layer", [1, 3])
+def test_adaptive_self_speculative_equals_greedy_and_drafts_less_when_unsure(
+    tiny_model, greedy_outputs, exit_layer, min_confidence, monkeypatch
+):
+    from exitbench.decoding import self_speculative as module
+
+    calls = []
+    counted = module.draft_hidden
+    monkeypatch.setattr(module, "draft_hidden", lambda *a, **k: calls.append(1) or counted(*a, **k))
+    options = {"exit_layer": exit_layer, "num_speculations": 4}
+    fixed = build_method("self_speculative", tiny_model, options)
+    adaptive = build_method("adaptive_self_speculative", tiny_model, {**options, "min_confidence": min_confidence})
+    for prompt, expected in zip(prompts(), greedy_outputs, strict=True):
+        theirs = fixed.generate(prompt, MAX_NEW)
+        calls.clear()
+        ours = adaptive.generate(prompt, MAX_NEW)
+        assert ours.tokens == expected
+        assert ours.num_drafted <= theirs.num_drafted and ours.num_accepted <= ours.num_drafted
+        assert sum(ours.acceptance_histogram) == ours.num_rounds
+        # one forward of layers 0..E-1 per kept draft and one per round (the token verification starts from)
+        assert len(calls) == ours.layer_calls["draft_forwards"] == ours.num_drafted + ours.num_rounds
+        assert ours.layer_calls["draft_forwards"] <= theirs.layer_calls["draft_forwards"]
+    if min_confidence == 0.99:  # a random tiny model is never that sure: every round is one full step
+        assert ours.num_drafted == 0 and ours.num_rounds == len(ours.tokens) - 1
+
+
+def test_adaptive_self_speculative_with_a_draft_subvocabulary_stays_exact(tiny_model, greedy_outputs, tmp_path):
+    import json
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text(json.dumps(list(range(0, 128, 2))))
+    options = {"exit_layer": 3, "num_speculations": 4, "min_confidence": 0.05, "draft_vocab_file": str(vocab)}
+    method = build_method("adaptive_self_speculative", tiny_model, options)
+    results = [method.generate(p, MAX_NEW) for p in prompts()]
+    assert [r.tokens for r in results] == greedy_outputs
+    assert sum(r.num_drafted for r in results) > 0
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, -0.1])
+def test_adaptive_self_speculative_rejects_a_confidence_outside_0_1(tiny_model, bad):
+    with pytest.raises(ExitbenchError, match="min_confidence"):
+        build_method(
+            "adaptive_self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 4, "min_confidence": bad}
+        )

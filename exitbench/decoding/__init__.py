@@ -2,6 +2,7 @@
 
 import exitbench.decoding.calm  # noqa: F401  (registration)
 from exitbench.decoding import (  # noqa: F401  (registration)
+    adaptive_self_speculative,
     autoregressive,
     early_exit,
     hf_early_exit,

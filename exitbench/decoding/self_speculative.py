@@ -52,6 +52,13 @@ class DraftHead:
             return greedy(self.model.logits(hidden))
         return int(self.ids[greedy(self.model.logits_subset(hidden, self.weight))])
 
+    def propose_with_confidence(self, hidden: torch.Tensor) -> tuple[int, float]:
+        """The greedy draft and its probability under the draft head's softmax (over the sub-vocabulary, if any)."""
+        logits = self.model.logits(hidden) if self.ids is None else self.model.logits_subset(hidden, self.weight)
+        probability, index = torch.softmax(logits[0, -1].float(), dim=-1).max(dim=-1)
+        token = int(index) if self.ids is None else int(self.ids[index])
+        return token, float(probability)
+
 
 @register
 class SelfSpeculative(DecodingMethod):
@@ -76,24 +83,41 @@ class SelfSpeculative(DecodingMethod):
         result.tokens = finish(tokens, max_new_tokens, stop)
         return result
 
+    def min_confidence(self) -> float:
+        """Drafting stops at a draft less probable than this (0: never; d drafts a round)."""
+        return 0.0
+
     def _round(
         self, cache: KVCache, head: DraftHead, position: int, last: int, budget: int, stop: StopRule,
         result: DecodeResult,
     ) -> list[int]:
-        """One draft-then-verify round; ``last`` (at ``position``) is committed but not yet in the cache."""
+        """One draft-then-verify round; ``last`` (at ``position``) is committed but not yet in the cache.
+
+        With a confidence floor (:meth:`min_confidence` > 0) drafting also stops at the first draft whose
+        probability is below it: that draft is dropped, and the exit state just computed (of the last kept
+        token) is the one the verification starts from, so the round saves that forward too.
+        """
         model, exit_layer = self.model, self.options.exit_layer
+        floor = self.min_confidence()
         drafts: list[int] = []
         exit_states = []
         token = last
+        unsure = False
         for step in range(budget):
             hidden = draft_hidden(model, cache, [token], position + step, exit_layer)  # [1, 1, H]
             exit_states.append(hidden)
-            token = head.propose(hidden)
+            if floor > 0:
+                proposed, confidence = head.propose_with_confidence(hidden)
+                if unsure := confidence < floor:
+                    break
+                token = proposed
+            else:
+                token = head.propose(hidden)
             drafts.append(token)
             if token in stop.eos_token_ids:
                 break
-        # The last draft still needs layers 0..E-1 (no head); then all d+1 positions verify at once.
-        exit_states.append(draft_hidden(model, cache, [token], position + len(drafts), exit_layer))
+        if not unsure:  # the last draft still needs layers 0..E-1 (no head); then all k+1 positions verify at once
+            exit_states.append(draft_hidden(model, cache, [token], position + len(drafts), exit_layer))
         verify_in = torch.cat(exit_states, dim=1)  # [1, k+1, H], positions position..position+k
         verified = model.logits(model.forward_layers(verify_in, exit_layer, model.num_layers, position, cache))
         committed = accept_drafts(drafts, verified[0].argmax(-1).tolist(), result)
