@@ -39,7 +39,7 @@ from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
 from exitbench.stats import Interval, mean_interval, ratio_interval, speedup_interval
-from exitbench.subvocab import write_task_draft_vocab
+from exitbench.subvocab import write_task_calibration, write_task_draft_vocab
 from exitbench.tasks.base import require_isolation
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
@@ -470,6 +470,17 @@ def draft_vocab_for(
     return write_task_draft_vocab(task, data_dir, ctx.tokenizer, size, stop.eos_token_ids, target)
 
 
+CALIBRATION_ROWS = 32  # train-split examples written for methods with a ``calibration_file`` option
+
+
+def calibration_for(methods: list[str], ctx: EvalContext, task: Task, data_dir: Path, target_dir: Path) -> Path | None:
+    """The task's calibration text (token-id lists of train examples) when one of ``methods`` takes a
+    ``calibration_file`` and the task has a train split; else None."""
+    if not any("calibration_file" in method_class(name).Options.model_fields for name in methods):
+        return None
+    return write_task_calibration(task, data_dir, ctx.tokenizer, CALIBRATION_ROWS, target_dir / "calibration.json")
+
+
 def runs_on(cfg: Config, method: str, model: str) -> bool:
     """Whether ``method`` runs on ``model``: every model unless ``evaluate.method_models`` names its models."""
     return model in cfg.evaluate.method_models.get(method, [model])
@@ -493,6 +504,7 @@ def evaluate_model_task(
     batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
     methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE and runs_on(cfg, m, ctx.name)]
     draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, out_dir / ctx.name / task_name)
+    calibration = calibration_for(methods, ctx, task, data_dir, out_dir / ctx.name / task_name)
     target = out_dir / ctx.name / task_name
     runs: dict[str, tuple[DecodingMethod, RecordFile]] = {}
     options_of: dict[str, dict[str, Any]] = {}
@@ -500,6 +512,8 @@ def evaluate_model_task(
         options = cfg.evaluate.methods.get(name, {})
         if draft_vocab is not None and "draft_vocab_file" in method_class(name).Options.model_fields:
             options = {**options, "draft_vocab_file": str(draft_vocab)}
+        if calibration is not None and "calibration_file" in method_class(name).Options.model_fields:
+            options = {"calibration_file": str(calibration), **options}
         settings = {
             "model": ctx.model_key,
             "code": method_code_identity(method_class(name))[:16],

@@ -55,3 +55,19 @@ def write_task_draft_vocab(
     texts = [sample.prompt + sample.reference for sample in task.samples(rows, len(rows))]
     ids = frequent_token_ids((tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts), size, always)
     return atomic_write_text(Path(target), json.dumps(ids) + "\n")
+
+
+def write_task_calibration(
+    task: Task, data_dir: str | Path, tokenizer: Any, rows: int, target: str | Path
+) -> Path | None:
+    """Write ``rows`` seeded train-split examples of the task (prompt + reference, never test data) as a JSON
+    list of token-id lists to ``target``: calibration text for a method that chooses something on it
+    (depth pruning's block); None when there is no train split."""
+    path = task_train_path(task, data_dir)
+    if not path.exists():
+        return None
+    train_rows = list(read_jsonl(path))[:MAX_VOCAB_ROWS]
+    load_missing_context(task, data_dir)
+    texts = [sample.prompt + sample.reference for sample in task.samples(train_rows, min(rows, len(train_rows)))]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    return atomic_write_text(Path(target), json.dumps(ids) + "\n")

@@ -35,7 +35,8 @@ def remove_stale_summaries(out: Path, rows: list[dict]) -> list[Path]:
     params.yaml, or one from before a retrain), so the report and check read only this run's results. The
     per-sample record files (``*.jsonl``) stay: they are the resumable store, keyed by settings and sample."""
     written = {out / row["model"] / row["task"] / f"{row['method']}.json" for row in rows}
-    stale = [path for path in sorted(out.glob("*/*/*.json")) if path not in written and path.name != "draft_vocab.json"]
+    inputs = {"draft_vocab.json", "calibration.json"}  # what evaluate writes beside the summaries for methods
+    stale = [path for path in sorted(out.glob("*/*/*.json")) if path not in written and path.name not in inputs]
     for path in stale:
         path.unlink()
     return stale

@@ -24,6 +24,7 @@ def test_summaries_this_run_did_not_write_are_removed_and_records_kept(tmp_path)
         "early_exit.json",
         "early_exit.jsonl",
         "draft_vocab.json",
+        "calibration.json",
         "early_exit@15.json",
     ):
         (topv2 / name).write_text("{}")
@@ -39,6 +40,7 @@ def test_summaries_this_run_did_not_write_are_removed_and_records_kept(tmp_path)
     assert left == [
         "autoregressive.json",
         "autoregressive.jsonl",
+        "calibration.json",
         "draft_vocab.json",
         "early_exit.jsonl",
         "early_exit@15.json",

@@ -4,6 +4,7 @@ import exitbench.decoding.calm  # noqa: F401  (registration)
 from exitbench.decoding import (  # noqa: F401  (registration)
     adaptive_self_speculative,
     autoregressive,
+    depth_pruning,
     early_exit,
     hf_early_exit,
     hf_prompt_lookup,

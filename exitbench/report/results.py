@@ -384,7 +384,8 @@ def _check_path_matches(result: EvalResult, path: Path) -> None:
             )
 
 
-EVAL_INPUT_FILES = frozenset({"draft_vocab.json"})  # inputs evaluate keeps beside the summaries, not results
+#: inputs evaluate keeps beside the summaries (a draft sub-vocabulary, calibration text), not results
+EVAL_INPUT_FILES = frozenset({"draft_vocab.json", "calibration.json"})
 
 
 def load_evals(root: Path) -> tuple[EvalResult, ...]:
