@@ -1,6 +1,6 @@
 """Depth pruning: drop the n most redundant consecutive layers once, decode greedily with the rest.
 
-Gromov et al. 2024 ("The Unreasonable Ineffectiveness of the Deeper Layers", arXiv:2403.17887, §3.2): with
+Gromov et al. 2024 ("The Unreasonable Ineffectiveness of the Deeper Layers", arXiv:2403.17887): with
 x^(l) the input of layer l (x^(L) the last layer's output, before the final norm), the angular distance
 
     d(x^(l), x^(l+n)) = (1 / pi) arccos( x^(l) . x^(l+n) / (|x^(l)| |x^(l+n)|) )
@@ -37,7 +37,7 @@ class DepthPruningOptions(MethodOptions):
 
 
 def angular_distances(hidden_inputs: list[torch.Tensor], num_pruned: int) -> list[float]:
-    """d(x^(l), x^(l+n)) for l = 0..L-n, averaged over sequences (Gromov et al. 2024, §3.2).
+    """d(x^(l), x^(l+n)) for l = 0..L-n, averaged over sequences (Gromov et al. 2024).
 
     ``hidden_inputs[l]`` is [N, H]: x^(l) at the last token of each of N sequences, l = 0..L.
     """
