@@ -168,6 +168,19 @@ def test_the_projection_path_is_measured_and_only_float32_cpu_is_a_candidate():
     assert choose_skinny_rows(torch.randn(64, 32, dtype=torch.bfloat16)) == (0, {})
 
 
+def test_the_projection_choice_is_made_once_per_shape_and_thread_count(monkeypatch):
+    """Same-shaped models loaded by one stage take one path, whatever a later measurement would say."""
+    from exitbench.models import view
+
+    monkeypatch.setattr(view, "_PROJECTION_CHOICES", {})
+    first = view.choose_skinny_rows(torch.randn(48, 24), repeats=3)
+    calls = []
+    monkeypatch.setattr(view, "project", lambda *a, **k: calls.append(a))
+    assert view.choose_skinny_rows(torch.randn(48, 24), repeats=3) == first and not calls  # reused, not re-timed
+    view.choose_skinny_rows(torch.randn(40, 24), repeats=3)  # another shape is measured
+    assert len(calls) == 3 + 20  # its repeats and its warm-up calls of the transposed form
+
+
 def test_the_view_records_its_projection_choice(tiny_model):
     assert tiny_model.projection["skinny_rows"] == tiny_model.skinny_rows
     assert "linear_us" in tiny_model.projection

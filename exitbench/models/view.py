@@ -9,6 +9,8 @@ norms are applied when present. Sliding-window attention is not modelled (full a
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +19,6 @@ from torch import nn
 
 from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
-from exitbench.timing import median_seconds
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -58,23 +59,46 @@ def project(
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+#: one projection choice per (weight shape, thread count) and process: every model a stage loads takes
+#: the same path, so a noisy measurement cannot give two same-shaped models different kernels
+_PROJECTION_CHOICES: dict[tuple[tuple[int, ...], int], tuple[int, dict[str, float]]] = {}
+
+
 @torch.inference_mode()
-def choose_skinny_rows(weight: torch.Tensor, repeats: int = 25) -> tuple[int, dict[str, float]]:
+def choose_skinny_rows(weight: torch.Tensor, repeats: int = 200, warmup: int = 20) -> tuple[int, dict[str, float]]:
     """(skinny_rows, timings): :data:`SKINNY_ROWS` if ``W @ x.T`` beats ``F.linear`` on 2 rows of ``weight``.
 
-    Only float32 weights on the CPU are candidates (bfloat16 and GPUs take ``F.linear``). Both forms are
-    timed after a warm-up, on the caller's weight (a decode-sized projection), median of
-    ``repeats``; the timings (microseconds) go into result provenance so a run says which path it took.
+    Only float32 weights on the CPU are candidates (bfloat16 and GPUs take ``F.linear``). After ``warmup``
+    calls of each form (a freshly loaded weight's pages are cold: whichever form runs first pays for them),
+    the two forms alternate, first one then the other, for ``repeats`` calls each; the medians decide. The
+    choice is made once per process for a weight shape and thread count and reused by every later model of
+    that shape. The timings (microseconds) go into result provenance so a run says which path it took.
     """
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return 0, {}
+    key = (tuple(weight.shape), torch.get_num_threads())
+    if key in _PROJECTION_CHOICES:
+        return _PROJECTION_CHOICES[key]
     x = torch.ones(2, weight.shape[1], dtype=weight.dtype)  # no draw from the global RNG
-    skinny = lambda: project(x, weight, skinny_rows=SKINNY_ROWS)  # noqa: E731
-    plain = lambda: F.linear(x, weight)  # noqa: E731
-    skinny_s = median_seconds(skinny, repeats)
-    plain_s = median_seconds(plain, repeats)
-    timings = {"transposed_us": round(skinny_s * 1e6, 1), "linear_us": round(plain_s * 1e6, 1)}
-    return (SKINNY_ROWS if skinny_s < plain_s else 0), timings
+    forms = {
+        "transposed_us": lambda: project(x, weight, skinny_rows=SKINNY_ROWS),
+        "linear_us": lambda: F.linear(x, weight),
+    }
+    for _ in range(warmup):
+        for form in forms.values():
+            form()
+    times: dict[str, list[float]] = {name: [] for name in forms}
+    for index in range(repeats):
+        order = list(forms) if index % 2 == 0 else list(reversed(forms))
+        for name in order:
+            start = time.perf_counter()
+            forms[name]()
+            times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    timings = {name: round(seconds * 1e6, 1) for name, seconds in medians.items()}
+    choice = (SKINNY_ROWS if medians["transposed_us"] < medians["linear_us"] else 0), timings
+    _PROJECTION_CHOICES[key] = choice
+    return choice
 
 
 def linear(module: nn.Module, x: torch.Tensor, skinny_rows: int = 0) -> torch.Tensor:
