@@ -90,8 +90,8 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
     readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
     topv2 = eval_part(readme, "topv2")
     assert (
-        "| method | options | exact_match | ms/token | speed-up | acceptance | tokens/round | ideal fraction | failed "
-        "| exactness |" in topv2
+        "| method | options | exact_match | ms/token | speed-up | acceptance | tokens/round | tokens/sample "
+        "| ideal fraction | failed | exactness |" in topv2
     )
     assert (
         table_row(
@@ -102,6 +102,7 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
             "1.52x (n=10)",
             "71.0% (n=10)",
             "2.30",
+            "41.2",  # 412 tokens over 10 prompts
             "0.62",
             "0",
             "exact (10/10)",
@@ -116,6 +117,7 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
         "2.18x (n=10)",
         "–",
         "–",
+        "41.2",
         "–",
         "0",
         "lossy: 9/10 differ, 1st divergence ~3",
@@ -536,6 +538,7 @@ def test_intervals_render_in_the_markdown_tables(results_copy: Path, tmp_path: P
             "1.52x [1.31, 1.74] (n=10)",
             "71.0% [64.0, 77.5] (n=10)",
             "2.30",
+            "41.2",  # 412 tokens over 10 prompts
             "0.62",
             "0",
             "exact (10/10)",
@@ -551,6 +554,7 @@ def test_intervals_render_in_the_markdown_tables(results_copy: Path, tmp_path: P
             "2.18x [2.05, 2.31] (n=10)",
             "–",
             "–",
+            "41.2",
             "–",
             "0",
             "lossy: 9/10 differ (90.0% [70.0, 100.0]), 1st divergence ~3",

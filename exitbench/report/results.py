@@ -60,6 +60,7 @@ class Speed(_Lenient):
     speedup_vs_framework_greedy: float | None = Field(None, gt=0)
     acceptance_rate: float | None = Field(ge=0, le=1)
     tokens_per_round: float | None = Field(None, ge=0)
+    num_tokens: int | None = Field(None, ge=0)
     ideal_fraction: float | None = Field(None, ge=0)
     avg_exit_layer: float | None = Field(None, ge=0)
 

@@ -244,6 +244,12 @@ def paper_lines(papers: tuple[Paper, ...], task: str, methods: set[str]) -> list
     return lines
 
 
+def tokens_per_sample(r: EvalResult) -> float | None:
+    """Mean generated tokens per scored prompt (None when the result file does not store the count)."""
+    scored_prompts = r.num_samples - r.num_failed
+    return r.speed.num_tokens / scored_prompts if r.speed.num_tokens is not None and scored_prompts else None
+
+
 def eval_table(rows: list[EvalResult]) -> list[str]:
     """One (task, model): a row per method; every quality metric, speed-up and acceptance with interval and n."""
     metrics = quality_metrics(rows)
@@ -255,6 +261,7 @@ def eval_table(rows: list[EvalResult]) -> list[str]:
         "speed-up",
         "acceptance",
         "tokens/round",
+        "tokens/sample",
         "ideal fraction",
         "failed",
         "exactness",
@@ -275,12 +282,13 @@ def eval_table(rows: list[EvalResult]) -> list[str]:
                 *([fmt_estimate(speed_estimate(r, "speedup_vs_framework_greedy"), "x")] if framework else []),
                 fmt_estimate(speed_estimate(r, "acceptance_rate"), "pct"),
                 fmt(r.speed.tokens_per_round, 2),
+                fmt(tokens_per_sample(r), 1),
                 fmt(r.speed.ideal_fraction, 2),
                 str(r.num_failed),
                 exactness(r),
             ]
         )
-    lines = markdown_table(header, body, "ll" + "r" * (len(metrics) + 6 + framework) + "l")
+    lines = markdown_table(header, body, "ll" + "r" * (len(metrics) + 7 + framework) + "l")
     if framework:
         lines += [
             "",
@@ -311,6 +319,8 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
         "Speed-up is greedy decoding's time per token over the method's, on the same checkpoint and prompts. "
         "Acceptance = accepted drafts / drafted tokens. Tokens/round = generated tokens (the first one, from the "
         "prefill, included) per draft-verify round, so very short outputs push it above 1 + accepted per round. "
+        "Tokens/sample = mean generated tokens per prompt: a lossy method far below greedy's count stops early, "
+        "and its time per token is then mostly the prefill's, so its speed-up says little. "
         "Ideal fraction = measured speed-up / the cost model's ideal. "
         "Exactness compares each output token for token with greedy decoding.",
         "",
