@@ -83,7 +83,8 @@ class TrainVariant(Section):
     control_of: str | None = Field(
         None,
         description="the variant this one is the control of: every setting must equal that variant's except the "
-        "recipe, layer dropout (p_max, dropout_schedule), e_scale, exit_vocab_size and checkpoint_every",
+        "recipe, layer dropout (p_max, dropout_schedule), e_scale, exit_vocab_size, exit_targets and "
+        "checkpoint_every",
     )
     steps: int = Field(300, ge=1)
     batch_size: int = Field(32, ge=1)
@@ -105,6 +106,11 @@ class TrainVariant(Section):
         "corpus (0 = the whole vocabulary): the set a sub-vocabulary draft proposes from, at ~N/V of an exit's "
         "head cost; the last layer keeps the whole vocabulary",
     )
+    exit_targets: Literal["labels", "last_layer"] = Field(
+        "labels",
+        description="what every exit but the last learns: the labels (the papers), or the last layer's top-1 "
+        "token (hard self-distillation: the token greedy verification accepts a draft for)",
+    )
     autocast_bf16: bool = True
     freeze_embeddings: bool = Field(
         False,
@@ -121,7 +127,8 @@ class TrainVariant(Section):
 
 # What a control may differ in from the variant it controls (the method itself, and bookkeeping).
 CONTROL_MAY_DIFFER = frozenset(
-    {"recipe", "p_max", "dropout_schedule", "e_scale", "exit_vocab_size", "checkpoint_every", "control_of"}
+    {"recipe", "p_max", "dropout_schedule", "e_scale", "exit_vocab_size", "exit_targets", "checkpoint_every",
+     "control_of"}
 )
 
 

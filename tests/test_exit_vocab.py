@@ -127,3 +127,69 @@ def test_a_control_may_differ_in_exit_vocab_size():
         ),
     )
     config.check_controls(cfg, "params.yaml")
+
+
+@pytest.mark.parametrize("subset", [None, SUBSET])
+def test_self_distilled_exits_learn_the_last_layers_top1(tiny_lm, tiny_model, subset):
+    """exit_targets = last_layer: each exit but the last is scored against the last layer's argmax token at
+    every labelled position (within the set, if one is given); the last layer still learns the labels."""
+    ids, labels, num_tokens = _batch()
+    weights = normalized_weights(layerskip_scales(4, 1.0), [0, 1, 2, 3])
+    objective = EarlyExitObjective(tiny_lm)
+    objective.set_exit_vocab(subset)
+    objective.exit_targets = "last_layer"
+    keep = torch.ones(4, 3, dtype=torch.bool)
+    flat = labels.reshape(-1)
+    labelled = flat != -100
+    with torch.no_grad():
+        loss, sums = objective(ids, labels, keep, weights, num_tokens)
+        states, hidden = [], tiny_model.embed(ids)
+        for layer in range(4):
+            hidden = tiny_model.forward_layers(hidden, layer, layer + 1)
+            states.append(tiny_model.logits(hidden).reshape(-1, VOCAB)[labelled])
+        teacher = states[-1].argmax(dim=-1)
+        expected = []
+        for layer, logits in enumerate(states):
+            if layer == 3:
+                expected.append(F.cross_entropy(logits, flat[labelled], reduction="sum"))
+            elif subset is None:
+                expected.append(F.cross_entropy(logits, teacher, reduction="sum"))
+            else:
+                position = {token: i for i, token in enumerate(subset)}
+                rows = torch.tensor([int(t) in position for t in teacher])
+                targets = torch.tensor([position[int(t)] for t in teacher[rows]], dtype=torch.long)
+                expected.append(F.cross_entropy(logits[rows][:, subset], targets, reduction="sum"))
+    expected = torch.stack([expected[layer] for layer in sorted(weights)])  # layer 0's scale is 0
+    torch.testing.assert_close(sums, expected, rtol=1e-4, atol=1e-4)
+    scale = torch.tensor([weights[layer] for layer in sorted(weights)])
+    torch.testing.assert_close(loss, (scale * expected).sum() / num_tokens, rtol=1e-5, atol=1e-5)
+    objective.exit_targets = "labels"
+    with torch.no_grad():
+        _, from_labels = objective(ids, labels, keep, weights, num_tokens)
+    assert torch.equal(from_labels[-1], sums[-1]) and not torch.allclose(from_labels[:-1], sums[:-1])
+
+
+def test_self_distillation_runs_the_last_layer_even_when_only_early_exits_carry_a_loss(tiny_lm):
+    ids, labels, num_tokens = _batch()
+    objective = EarlyExitObjective(tiny_lm)
+    objective.exit_targets = "last_layer"
+    keep = torch.ones(4, 3, dtype=torch.bool)
+    calls = []
+    forwards = objective.layer_forwards
+    objective.layer_forwards = [lambda h, r, f=f, i=i: (calls.append(i), f(h, r))[1] for i, f in enumerate(forwards)]
+    loss, sums = objective(ids, labels, keep, {1: 1.0}, num_tokens)
+    loss.backward()
+    assert calls == [0, 1, 2, 3] and sums.shape == (1,) and torch.isfinite(loss)
+
+
+def test_a_control_may_differ_in_exit_targets():
+    cfg = config.Config(
+        profile="cpu",
+        train=config.TrainConfig(
+            variants={
+                "layerskip": config.TrainVariant(exit_targets="last_layer"),
+                "plain": config.TrainVariant(recipe="plain", p_max=0.0, control_of="layerskip"),
+            }
+        ),
+    )
+    config.check_controls(cfg, "params.yaml")

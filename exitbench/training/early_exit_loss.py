@@ -5,7 +5,10 @@ J(X, Y, t) = sum_l e~(t, l) CE(g(x_{l+1}), Y) through the ONE shared head g (fin
 non-zero normalised weight, only at positions that carry a label, and fused with the cross-entropy
 (:mod:`exitbench.training.fused_head_loss`): with a 49k vocabulary the head is the expensive part of an exit.
 With a sub-vocabulary (:meth:`EarlyExitObjective.set_exit_vocab`) every exit but the last is scored over the
-training corpus's most frequent target tokens only, the set a sub-vocabulary draft proposes from.
+training corpus's most frequent target tokens only, the set a sub-vocabulary draft proposes from. With
+``exit_targets = "last_layer"`` every exit but the last learns the last layer's top-1 token instead of the
+label (hard self-distillation): greedy verification accepts a draft exactly when the exit's top-1 equals
+the last layer's, so that is the token an exit must predict for self-speculation to accept it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from enum import Enum
+from typing import Literal
 
 import torch
 from torch import nn
@@ -74,6 +78,25 @@ def _weighted_zero(out: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.zeros((), dtype=torch.bool, device=out.device), out.sum(), 0.0)
 
 
+ExitTargetKind = Literal["labels", "last_layer"]
+
+
+@torch.no_grad()
+def last_layer_top1(normed: torch.Tensor, head: nn.Linear, chunk: int = 256) -> torch.Tensor:
+    """argmax_v (W h + b)_v for each row of ``normed`` [N, D], in row chunks (never a whole [N, V] logits).
+
+    In float32 with autocast off, as the decoder's verification computes it, not in the training's bf16.
+    """
+    out = torch.empty(normed.shape[0], dtype=torch.long, device=normed.device)
+    weight = head.weight.float()
+    bias = None if head.bias is None else head.bias.float()
+    with torch.autocast(device_type=normed.device.type, enabled=False):
+        for start in range(0, normed.shape[0], chunk):
+            logits = torch.nn.functional.linear(normed[start : start + chunk].float(), weight, bias)
+            out[start : start + chunk] = logits.argmax(dim=-1)
+    return out
+
+
 class EarlyExitObjective(nn.Module):
     """The early-exit training forward as a module (so DDP / FSDP can wrap it): dropout, exits, shared head, CE.
 
@@ -92,6 +115,8 @@ class EarlyExitObjective(nn.Module):
         ]
         self.exit_vocab: torch.Tensor | None = None  # sorted ids [K] the exits are scored over; None = all
         self._exit_index: torch.Tensor | None = None  # [V]: a token's position in exit_vocab, -1 outside it
+        #: what exits but the last learn: the labels, or the last layer's top-1 (self-distillation)
+        self.exit_targets: ExitTargetKind = "labels"
 
     def set_exit_vocab(self, token_ids: Sequence[int] | None) -> None:
         """Score every exit but the last layer over ``token_ids`` only (None or empty: the whole vocabulary).
@@ -136,19 +161,33 @@ class EarlyExitObjective(nn.Module):
         flat_labels = labels[targets]
         exits = sorted(weights)
         last = view.num_layers - 1
-        subset = None if full_vocab or self.exit_vocab is None or exits == [last] else self._exit_targets(labels)
-        ce_sums = []
-        for layer in range(exits[-1] + 1):
+        distill = self.exit_targets == "last_layer" and exits != [last]
+        run_to = last if distill else exits[-1]
+        ce: dict[int, torch.Tensor] = {}
+        exit_hidden: dict[int, torch.Tensor] = {}  # exits but the last, scored once their targets are known
+        for layer in range(run_to + 1):
             forced = must_run is not None and bool(must_run[layer])
             hidden = self._layer(layer, hidden, rope, keep[layer], forced)
-            if layer not in weights:
-                continue
-            if subset is not None and layer != last:
+            if layer == last and layer in weights:
+                ce[layer] = head_cross_entropy_sum(view.norm(hidden[targets]), view.lm_head, flat_labels)
+            elif layer in weights:
+                exit_hidden[layer] = hidden
+        exit_labels = labels
+        if distill:
+            exit_labels = torch.full_like(labels, IGNORE_INDEX)
+            exit_labels[targets] = last_layer_top1(view.norm(hidden[targets].detach()), view.lm_head)
+        use_subset = not full_vocab and self.exit_vocab is not None and bool(exit_hidden)
+        subset = self._exit_targets(exit_labels) if use_subset else None
+        exit_targets = exit_labels != IGNORE_INDEX
+        for layer, exit_state in exit_hidden.items():
+            if subset is not None:
                 rows, sub_labels, sub_weight, sub_bias = subset
-                ce_sums.append(cross_entropy_sum(view.norm(hidden[rows]), sub_weight, sub_labels, sub_bias))
+                ce[layer] = cross_entropy_sum(view.norm(exit_state[rows]), sub_weight, sub_labels, sub_bias)
             else:
-                ce_sums.append(head_cross_entropy_sum(view.norm(hidden[targets]), view.lm_head, flat_labels))
-        sums = torch.stack(ce_sums)
+                ce[layer] = head_cross_entropy_sum(
+                    view.norm(exit_state[exit_targets]), view.lm_head, exit_labels[exit_targets]
+                )
+        sums = torch.stack([ce[layer] for layer in exits])
         scale = torch.tensor([weights[layer] for layer in exits], dtype=sums.dtype, device=sums.device)
         loss = (scale * sums).sum() / num_tokens
         return loss, sums.detach()

@@ -139,6 +139,7 @@ def build_run(variant: TrainVariant, base: BaseConfig, paths: TrainPaths, ctx: D
     size = variant.max_examples or variant.steps * variant.batch_size * variant.grad_accum  # one pass of the run
     corpus = build_corpus(variant.corpus, paths.data, tokenizer, variant.seq_len, size, base.seed)
     objective = EarlyExitObjective(causal_lm)
+    objective.exit_targets = variant.exit_targets
     if variant.exit_vocab_size:
         objective.set_exit_vocab(exit_vocabulary(corpus.examples, variant.exit_vocab_size, [tokenizer.eos_token_id]))
     if variant.freeze_embeddings:
@@ -552,6 +553,7 @@ def unsharded(run: Run, base_model: Path) -> Run:
         freeze_embeddings(causal_lm)
     objective = EarlyExitObjective(causal_lm)
     objective.set_exit_vocab(None if run.objective.exit_vocab is None else run.objective.exit_vocab.tolist())
+    objective.exit_targets = run.objective.exit_targets
     return replace(run, objective=objective, module=objective)
 
 
