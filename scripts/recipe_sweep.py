@@ -72,10 +72,19 @@ def variant_for(cfg: Config, base: str, overrides: dict[str, Any], steps: int) -
     return TrainVariant.model_validate(data)
 
 
-def measure(cfg: Config, models: Path, name: str, data: Path, out: Path, exit_layer: int, samples: int) -> dict:
-    """TOPv2 EM at the last layer and at early exit E, and layer E's agreement with the last on eval targets."""
-    tasks = {"topv2": TaskEvalConfig(num_samples=samples, timing_samples=1, max_new_tokens=40)}
-    methods = {"autoregressive": {}, f"early_exit@{exit_layer}": {"exit_layer": exit_layer}}
+def measure(
+    cfg: Config, models: Path, name: str, data: Path, out: Path, exit_layer: int, samples: int, timing: int
+) -> dict:
+    """TOPv2 EM at the last layer and at early exit E, layer E's agreement with the last on eval targets, and
+    self-speculation's acceptance at (E, d=1) with the pipeline's draft sub-vocabulary on the first ``timing``
+    prompts (exits trained over a sub-vocabulary are judged by the draft they feed, not by full-vocabulary
+    agreement, which counts their untrained logits outside the set)."""
+    tasks = {"topv2": TaskEvalConfig(num_samples=samples, timing_samples=timing, max_new_tokens=40)}
+    methods = {
+        "autoregressive": {},
+        f"early_exit@{exit_layer}": {"exit_layer": exit_layer},
+        "self_speculative": {"exit_layer": exit_layer, "num_speculations": 1},
+    }
     evaluate = cfg.evaluate.model_copy(update={"models": [name], "tasks": tasks, "methods": methods})
     eval_cfg = cfg.model_copy(update={"evaluate": evaluate})
     summaries = evaluate_model_task(eval_cfg, load_context(eval_cfg, models, name), "topv2", data, out / "eval")
@@ -87,6 +96,9 @@ def measure(cfg: Config, models: Path, name: str, data: Path, out: Path, exit_la
     for label, summary in summaries.items():
         interval = summary["intervals"]["exact_match"]
         result[f"em/{label}"] = {key: interval[key] for key in ("estimate", "low", "high", "n")}
+    spec = summaries["self_speculative"]["intervals"]
+    for key in ("acceptance_rate", "speedup_vs_greedy"):
+        result[f"self_speculative/{key}"] = {k: spec[key][k] for k in ("estimate", "low", "high", "n")}
     return result
 
 
@@ -96,6 +108,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--samples", type=int, default=64, help="stratified TOPv2 test prompts")
     parser.add_argument("--exit-layer", type=int, default=12)
+    parser.add_argument("--timing-samples", type=int, default=32, help="prompts self-speculation runs on")
     parser.add_argument("--data", default="data")
     parser.add_argument("--base-model", default="models/base")
     parser.add_argument("--work", default="/tmp/exitbench-sweep", help="models and checkpoints of the runs")
@@ -122,14 +135,17 @@ def main() -> None:
             "train_s": train_s, "s_per_step": report["time_per_step_s"]["mean"],
             "tokens_per_s": report["tokens"]["trained_tokens"] / report["time_per_step_s"]["total"],
             "final_exit_losses": report["final_exit_losses"],
-            **measure(cfg, work / "models", name, Path(args.data), work, args.exit_layer, args.samples),
+            **measure(
+                cfg, work / "models", name, Path(args.data), work, args.exit_layer, args.samples, args.timing_samples
+            ),
         }
         results[name] = entry
         out.write_text(json.dumps(results, indent=2) + "\n")
         em = entry["em/autoregressive"]
         print(f"{name}: {entry['s_per_step']:.2f} s/step, EM {em['estimate']:.3f} [{em['low']:.3f}, {em['high']:.3f}]"
               f", EM@{args.exit_layer} {entry[f'em/early_exit@{args.exit_layer}']['estimate']:.3f}, agreement@"
-              f"{args.exit_layer} {entry['agreement_at_exit']:.3f}", flush=True)
+              f"{args.exit_layer} {entry['agreement_at_exit']:.3f}, acceptance "
+              f"{entry['self_speculative/acceptance_rate']['estimate']:.3f}", flush=True)
         shutil.rmtree(paths.out, ignore_errors=True)
 
 
