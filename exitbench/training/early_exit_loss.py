@@ -162,35 +162,45 @@ class EarlyExitObjective(nn.Module):
         exits = sorted(weights)
         last = view.num_layers - 1
         distill = self.exit_targets == "last_layer" and exits != [last]
-        run_to = last if distill else exits[-1]
         ce: dict[int, torch.Tensor] = {}
-        exit_hidden: dict[int, torch.Tensor] = {}  # exits but the last, scored once their targets are known
-        for layer in range(run_to + 1):
+        # labels: each exit is scored as soon as it is computed (the order the committed models were trained
+        # in: the backward's accumulation order, so the weights, are the same bit for bit); self-distillation
+        # keeps the exits' states until the last layer has given their targets
+        exit_hidden: dict[int, torch.Tensor] = {}
+        subset = None
+        if not distill and not full_vocab and self.exit_vocab is not None and exits != [last]:
+            subset = self._exit_targets(labels)
+        for layer in range(last + 1 if distill else exits[-1] + 1):
             forced = must_run is not None and bool(must_run[layer])
             hidden = self._layer(layer, hidden, rope, keep[layer], forced)
-            if layer == last and layer in weights:
+            if layer not in weights:
+                continue
+            if layer == last:
                 ce[layer] = head_cross_entropy_sum(view.norm(hidden[targets]), view.lm_head, flat_labels)
-            elif layer in weights:
+            elif distill:
                 exit_hidden[layer] = hidden
-        exit_labels = labels
+            else:
+                ce[layer] = self._exit_ce(hidden, labels, targets, subset)
         if distill:
             exit_labels = torch.full_like(labels, IGNORE_INDEX)
             exit_labels[targets] = last_layer_top1(view.norm(hidden[targets].detach()), view.lm_head)
-        use_subset = not full_vocab and self.exit_vocab is not None and bool(exit_hidden)
-        subset = self._exit_targets(exit_labels) if use_subset else None
-        exit_targets = exit_labels != IGNORE_INDEX
-        for layer, exit_state in exit_hidden.items():
-            if subset is not None:
-                rows, sub_labels, sub_weight, sub_bias = subset
-                ce[layer] = cross_entropy_sum(view.norm(exit_state[rows]), sub_weight, sub_labels, sub_bias)
-            else:
-                ce[layer] = head_cross_entropy_sum(
-                    view.norm(exit_state[exit_targets]), view.lm_head, exit_labels[exit_targets]
-                )
+            use_subset = not full_vocab and self.exit_vocab is not None
+            subset = self._exit_targets(exit_labels) if use_subset else None
+            for layer, exit_state in exit_hidden.items():
+                ce[layer] = self._exit_ce(exit_state, exit_labels, exit_labels != IGNORE_INDEX, subset)
         sums = torch.stack([ce[layer] for layer in exits])
         scale = torch.tensor([weights[layer] for layer in exits], dtype=sums.dtype, device=sums.device)
         loss = (scale * sums).sum() / num_tokens
         return loss, sums.detach()
+
+    def _exit_ce(
+        self, hidden: torch.Tensor, labels: torch.Tensor, targets: torch.Tensor, subset: ExitTargets | None
+    ) -> torch.Tensor:
+        """An exit's summed CE: over the exit vocabulary's positions (``subset``) or the whole head."""
+        if subset is not None:
+            rows, sub_labels, sub_weight, sub_bias = subset
+            return cross_entropy_sum(self.view.norm(hidden[rows]), sub_weight, sub_labels, sub_bias)
+        return head_cross_entropy_sum(self.view.norm(hidden[targets]), self.view.lm_head, labels[targets])
 
     def _exit_targets(self, labels: torch.Tensor) -> ExitTargets:
         """The exits' positions (label in the set) [B, S], their labels as positions in the set, and W[S], b[S]
