@@ -14,7 +14,7 @@ import pytest
 from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import claim_paper_values, load_paper, load_replications
-from exitbench.report.check import INCONCLUSIVE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, Band
+from exitbench.report.check import INCONCLUSIVE, NOT_COMPARABLE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, Band
 from exitbench.report.claims import (
     claim_band,
     clopper_pearson,
@@ -290,6 +290,19 @@ def test_every_claim_gets_its_verdict_over_fake_results(fake_results: Path) -> N
     assert risk.verdict == REPRODUCED and risk.ours.high < 0.2 and "3 checked" in risk.notes[0]
     (order,) = got["calm-claim-measure-order"]
     assert order.verdict == REPRODUCED and order.subject == "layerskip: softmax < classifier < state"
+
+
+def test_a_speed_up_of_outputs_that_score_nothing_is_not_comparable(fake_results: Path) -> None:
+    """The papers time early exits that still do the task; an exit whose every quality metric is 0 is not that."""
+    zero = [0.0] * N
+    _write(fake_results, _summary("layerskip", "early_exit", zero, options={"exit_layer": 12},
+                                  intervals={"speedup_vs_greedy": {"estimate": 2.0, "low": 1.9, "high": 2.1, "n": N}}),
+           _records(zero))
+    (early,) = _by_claim(fake_results)["ls-claim-cpu-speedup-early-exit"]
+    assert early.verdict == NOT_COMPARABLE and early.ours.estimate == pytest.approx(2.0)  # shown, not judged
+    assert any(r.startswith("outputs unusable: exact_match 0 at this exit (n=40)") for r in early.reasons)
+    (self_spec,) = _by_claim(fake_results)["ls-claim-cpu-speedup-self-spec"]  # exact: greedy's quality
+    assert self_spec.verdict == REPRODUCED
 
 
 def test_missing_control_is_not_measured_and_never_replaced_by_base(fake_results: Path) -> None:

@@ -414,10 +414,27 @@ def _at_depth(ctx: _Ctx, measure: Callable[[EvalResult], Measured]) -> list[Clai
                 continue
             notes, hardware = _setting_notes(ctx, result)
             measured = measure(result)
-            comparable = not hardware or measured.interval is None
+            unusable = _unusable_outputs(result) if ctx.claim.kind == "speedup_at_depth" else None
+            reasons = [*hardware, *([unusable] if unusable else [])]
+            comparable = not reasons or measured.interval is None
             out.append(ctx.verdict(subject, value, text, measured, source=result.source_file, notes=notes,
-                                   reasons=hardware, verdict=None if comparable else NOT_COMPARABLE))
+                                   reasons=reasons, verdict=None if comparable else NOT_COMPARABLE))
     return out
+
+
+def _unusable_outputs(result: EvalResult) -> str | None:
+    """Why a lossy method's speed-up is not the paper's kind: every quality metric of its outputs is 0.
+
+    The papers' speed-ups are of outputs that still do the task (LayerSkip Table 6: early exit keeps 76-100%
+    of the last layer's EM); a speed-up of outputs that score nothing is a different measurement.
+    """
+    if result.correctness.exact_claimed:
+        return None
+    quality = result.scalar_quality()
+    if not quality or any(value > 0 for value in quality.values()):
+        return None
+    scores = ", ".join(f"{metric} {value:g}" for metric, value in sorted(quality.items()))
+    return f"outputs unusable: {scores} at this exit (n={result.num_samples}), so no speed-up of task outputs"
 
 
 def _setting_notes(ctx: _Ctx, result: EvalResult) -> tuple[list[str], list[str]]:
