@@ -9,8 +9,6 @@ norms are applied when present. Sliding-window attention is not modelled (full a
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +17,7 @@ from torch import nn
 
 from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
+from exitbench.timing import interleaved_medians
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -84,17 +83,7 @@ def choose_skinny_rows(weight: torch.Tensor, repeats: int = 200, warmup: int = 2
         "transposed_us": lambda: project(x, weight, skinny_rows=SKINNY_ROWS),
         "linear_us": lambda: F.linear(x, weight),
     }
-    for _ in range(warmup):
-        for form in forms.values():
-            form()
-    times: dict[str, list[float]] = {name: [] for name in forms}
-    for index in range(repeats):
-        order = list(forms) if index % 2 == 0 else list(reversed(forms))
-        for name in order:
-            start = time.perf_counter()
-            forms[name]()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians = interleaved_medians(forms, repeats, warmup)
     timings = {name: round(seconds * 1e6, 1) for name, seconds in medians.items()}
     choice = (SKINNY_ROWS if medians["transposed_us"] < medians["linear_us"] else 0), timings
     _PROJECTION_CHOICES[key] = choice

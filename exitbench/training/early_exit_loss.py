@@ -187,7 +187,7 @@ class EarlyExitObjective(nn.Module):
             use_subset = not full_vocab and self.exit_vocab is not None
             subset = self._exit_targets(exit_labels) if use_subset else None
             for layer, exit_state in exit_hidden.items():
-                ce[layer] = self._exit_ce(exit_state, exit_labels, exit_labels != IGNORE_INDEX, subset)
+                ce[layer] = self._exit_ce(exit_state, exit_labels, targets, subset)
         sums = torch.stack([ce[layer] for layer in exits])
         scale = torch.tensor([weights[layer] for layer in exits], dtype=sums.dtype, device=sums.device)
         loss = (scale * sums).sum() / num_tokens
