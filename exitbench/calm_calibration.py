@@ -614,6 +614,8 @@ def run_calibrate_stage(
     require_isolation(settings.tasks)
     rows = {task.name: read_task_rows(task, data_dir) for task in tasks}
     remove_stale_reports(out_dir, settings.models)
+    out_dir.mkdir(parents=True, exist_ok=True)  # the stage's outputs, even when no model is calibrated
+    store_dir.mkdir(parents=True, exist_ok=True)
     summary = []
     for name, model_dir in model_dirs.items():
         model = load_early_exit_model(model_dir, cfg.base.dtype, cfg.base.device)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from exitbench.errors import ExitbenchError
 
-PROFILES = ("cpu", "smoke", "paper")
+PROFILES = ("cpu", "smoke", "paper", "paper_dry")
 
 
 class Section(BaseModel):
@@ -74,6 +74,15 @@ class DataConfig(Section):
 
 
 class TrainVariant(Section):
+    source: Literal["train", "hub", "local", "none"] = Field(
+        "train",
+        description="train = finetune the base model with this recipe; hub / local = an already-trained checkpoint "
+        "(hub_id / local_path), prepared like the base model and not trained; none = this role is not part of the "
+        "experiment (its stage writes a marker, no stage may name it)",
+    )
+    hub_id: str = ""
+    revision: str = "main"
+    local_path: str = ""
     recipe: Literal["layerskip", "calm", "plain"] = Field(
         "layerskip", description="plain = the control: last-layer loss only, no layer dropout (p_max must be 0)"
     )
@@ -125,6 +134,15 @@ class TrainVariant(Section):
     )
 
 
+    @model_validator(mode="after")
+    def _source_is_named(self) -> TrainVariant:
+        if self.source == "hub" and not self.hub_id:
+            raise ValueError("source hub needs hub_id (e.g. facebook/layerskip-llama2-7B)")
+        if self.source == "local" and not self.local_path:
+            raise ValueError("source local needs local_path (a Hugging Face checkpoint directory)")
+        return self
+
+
 # What a control may differ in from the variant it controls (the method itself, and bookkeeping).
 CONTROL_MAY_DIFFER = frozenset(
     {"recipe", "p_max", "dropout_schedule", "e_scale", "exit_vocab_size", "exit_targets", "checkpoint_every",
@@ -148,7 +166,7 @@ def check_controls(cfg: Config, where: str) -> None:
     (:data:`CONTROL_MAY_DIFFER`): same data, steps, batch, optimizer, schedule and seed."""
     variants = cfg.train.variants
     for name, variant in variants.items():
-        if variant.control_of is None:
+        if variant.control_of is None or variant.source != "train":
             continue
         other = variants.get(variant.control_of)
         if other is None:
@@ -156,6 +174,8 @@ def check_controls(cfg: Config, where: str) -> None:
                 f"{where}: train.variants.{name}.control_of: no variant '{variant.control_of}'; "
                 f"name one of {', '.join(sorted(variants))}"
             )
+        if other.source != "train":  # a downloaded model's recipe is the paper's, not ours to compare
+            continue
         mine, theirs = variant.model_dump(), other.model_dump()
         differ = sorted(key for key in mine if key not in CONTROL_MAY_DIFFER and mine[key] != theirs[key])
         if differ:
@@ -192,6 +212,11 @@ class EvaluateConfig(Section):
         {},
         description="method label -> the models (of evaluate.models) it runs on; a method not named runs on every "
         "model (greedy decoding always does)",
+    )
+    method_tasks: dict[str, list[str]] = Field(
+        {},
+        description="method label -> the tasks (of evaluate.tasks) it runs on, e.g. a paper's (E, d) per task; a "
+        "method not named runs on every task (greedy decoding always does)",
     )
     chat_template: bool = False
     sandbox_timeout_s: float = Field(10.0, gt=0)
@@ -274,10 +299,49 @@ class CheckConfig(Section):
     default_tolerance: float = Field(0.15, ge=0, description="relative tolerance on speed-ups")
 
 
+class RoleSource(Section):
+    """Where one role's model comes from in an experiment: a hub checkpoint, or trained here from the base."""
+
+    hub_id: str = ""
+    revision: str = "main"
+    train: bool = Field(False, description="finetune the experiment's base with train.variants.<role>")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RoleSource:
+        if bool(self.hub_id) == self.train:
+            raise ValueError("give either hub_id (a released checkpoint) or train: true (finetuned here), not both")
+        return self
+
+
+class Experiment(Section):
+    """One of a paper's experiments: its models by role, and the settings it is measured with.
+
+    ``models.base`` is the pretrained checkpoint (the untrained reference, and what trained roles start from);
+    every other role is a ``train.variants`` key, either released (``hub_id``) or trained here (``train: true``);
+    a role left out is not part of the experiment. ``settings`` overrides the stage sections after ``profile``'s
+    own overrides; ``rows`` are the replication rows it measures (``replications/*.yaml``; a test checks that the
+    settings match each row's E, d, task and token limit).
+    """
+
+    profile: str
+    source: str = Field(description="where in the paper, e.g. 'LayerSkip Table 6'")
+    rows: list[str] = []
+    models: dict[str, RoleSource]
+    settings: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _base_is_released(self) -> Experiment:
+        base = self.models.get("base")
+        if base is None or base.train:
+            raise ValueError("models.base must name the pretrained checkpoint (hub_id)")
+        return self
+
+
 class Config(Section):
     """The effective configuration of one profile."""
 
-    profile: Literal["cpu", "smoke", "paper"]
+    profile: Literal["cpu", "smoke", "paper", "paper_dry"]
+    experiment: str = Field("", description="the experiments.<name> applied, if any")
     base: BaseConfig = BaseConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -291,7 +355,7 @@ class Config(Section):
     check: CheckConfig = CheckConfig()
 
 
-SECTIONS = tuple(name for name in Config.model_fields if name != "profile")
+SECTIONS = tuple(name for name in Config.model_fields if name not in ("profile", "experiment"))
 
 # Which sections each DVC stage reads; `configure` writes exactly these to build/config/<stage>.json.
 STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
@@ -310,14 +374,70 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Return ``base`` with ``override`` merged in; nested mappings merge, everything else replaces."""
+    """Return ``base`` with ``override`` merged in; nested mappings merge, ``null`` removes a key (a method or
+    task a profile or experiment does not run; a setting goes back to its default), anything else replaces."""
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value
     return merged
+
+
+class Shrink(Section):
+    """A dry run's caps (``profiles.<name>.shrink``): the same graph, stages and result files as the profile it
+    extends, with every sample count, token limit and training length cut to these."""
+
+    samples: int = Field(2, ge=1, description="samples per task, prompts per bench/throughput/calibration set")
+    new_tokens: int = Field(8, ge=1, description="generated tokens per sample")
+    steps: int = Field(2, ge=1, description="training steps per variant")
+    batch_size: int = Field(2, ge=1)
+
+
+def _capped(section: dict[str, Any], caps: dict[str, int]) -> dict[str, Any]:
+    capped = {key: min(section[key], cap) for key, cap in caps.items() if isinstance(section.get(key), int)}
+    return {**section, **capped}
+
+
+def apply_shrink(merged: dict[str, Any], shrink: Shrink) -> dict[str, Any]:
+    """``merged`` with :class:`Shrink`'s caps applied to every count the stages read (defaults included)."""
+    defaults = Config.model_construct().model_dump()
+    out = dict(merged)
+
+    def section(name: str) -> dict[str, Any]:
+        """The merged section over its defaults' scalars and lists: the mappings (tasks, methods, variants) are
+        the params' own, so a task or method the params removed stays removed."""
+        scalars = {key: value for key, value in defaults[name].items() if not isinstance(value, dict)}
+        return {**scalars, **(out.get(name) or {})}
+
+    n, t = shrink.samples, shrink.new_tokens
+    evaluate = section("evaluate")
+    evaluate["tasks"] = {task: _capped(dict(body), {"num_samples": n, "timing_samples": n, "max_new_tokens": t})
+                         for task, body in evaluate["tasks"].items()}
+    train = section("train")
+    variant_defaults = TrainVariant().model_dump()
+    variant_caps = {"steps": shrink.steps, "batch_size": shrink.batch_size, "warmup_steps": 1, "checkpoint_every": 1,
+                    "timing_steps": 1}  # seq_len stays: a corpus of long examples (news) would yield none
+    train["variants"] = {
+        name: {**_capped({**variant_defaults, **body}, variant_caps),
+               "grad_accum": 1, "max_examples": shrink.steps * shrink.batch_size}
+        for name, body in train["variants"].items()
+    }
+    throughput = _capped(section("throughput"), {"num_prompts": n, "max_new_tokens": t, "repeats": 1})
+    throughput["batch_sizes"] = sorted({min(b, n) for b in throughput["batch_sizes"]})
+    out.update(
+        evaluate=evaluate,
+        train=train,
+        probe=_capped(section("probe"), {"topv2_rows": n, "max_tokens": 32}),
+        bench=_capped(section("bench"), {"num_prompts": n, "max_new_tokens": t, "repeats": 1}),
+        calibrate=_capped(section("calibrate"), {"num_calibration": n, "num_test": n, "max_new_tokens": t}),
+        throughput=throughput,
+        cost_model=_capped(section("cost_model"), {"repeats": 1}),
+    )
+    return out
 
 
 # Strict-mode type errors, said as what was expected (the value shown as YAML/JSON writes it: true, "2").
@@ -380,13 +500,83 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     return sorted(getattr(node, "model_fields", {}))
 
 
-def resolve(raw: dict[str, Any], source: str = "params.yaml", profile: str | None = None) -> Config:
-    """Build the effective :class:`Config` from a parsed ``params.yaml`` mapping."""
+def profile_chain(profiles: dict[str, Any], active: str, source: str = "params.yaml") -> list[str]:
+    """``active`` and the profiles it ``extends``, the root first (``paper_dry`` extends ``paper``)."""
+    chain = [active]
+    while True:
+        parent = (profiles.get(chain[0]) or {}).get("extends")
+        if parent is None:
+            return chain
+        if parent not in PROFILES or parent in chain:
+            raise ExitbenchError(
+                f"{source}: profiles.{chain[0]}.extends: '{parent}' is not another known profile "
+                f"({', '.join(p for p in PROFILES if p not in chain)})"
+            )
+        chain.insert(0, parent)
+
+
+def parse_experiments(raw: Any, source: str = "params.yaml") -> dict[str, Experiment]:
+    """The ``experiments`` section, each entry validated (one line naming the experiment and the key)."""
+    if not isinstance(raw, dict):
+        raise ExitbenchError(f"{source}: 'experiments' must map an experiment name to its models and settings")
+    parsed = {}
+    for name, body in raw.items():
+        try:
+            parsed[name] = Experiment.model_validate(body)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(["experiments", str(name), *(str(part) for part in first["loc"])])
+            message = first["msg"].removeprefix("Value error, ")
+            raise ExitbenchError(f"{source}: {where}: {message}") from None
+        if parsed[name].profile not in PROFILES:
+            raise ExitbenchError(
+                f"{source}: experiments.{name}.profile: '{parsed[name].profile}' is not a profile; "
+                f"use one of {', '.join(PROFILES)}"
+            )
+    return parsed
+
+
+def experiment_overrides(name: str, experiment: Experiment, merged: dict[str, Any], source: str) -> dict[str, Any]:
+    """``experiment`` as overrides of the merged sections: ``models.base`` becomes ``model``, every other role
+    its ``train.variants`` entry's source, and each variant the experiment does not name becomes ``none``."""
+    variants = (merged.get("train") or {}).get("variants") or {}
+    roles = {role: spec for role, spec in experiment.models.items() if role != "base"}
+    unknown = sorted(set(roles) - set(variants))
+    if unknown:
+        raise ExitbenchError(
+            f"{source}: experiments.{name}.models: unknown role '{unknown[0]}'; roles: base, {', '.join(variants)} "
+            "(a role other than base is a train.variants key)"
+        )
+    base = experiment.models["base"]
+    overrides: dict[str, Any] = {"model": {"source": "hub", "hub_id": base.hub_id, "revision": base.revision}}
+    sources: dict[str, Any] = {}
+    for role in variants:
+        spec = roles.get(role)
+        if spec is None:
+            sources[role] = {"source": "none"}
+        elif spec.train:
+            sources[role] = {"source": "train"}
+        else:
+            sources[role] = {"source": "hub", "hub_id": spec.hub_id, "revision": spec.revision}
+    overrides["train"] = {"variants": sources}
+    return deep_merge(overrides, experiment.settings)
+
+
+def resolve(
+    raw: dict[str, Any], source: str = "params.yaml", profile: str | None = None, experiment: str | None = None
+) -> Config:
+    """Build the effective :class:`Config` from a parsed ``params.yaml`` mapping: the defaults, then each
+    profile of the active one's ``extends`` chain (root first), with the active experiment's overrides right
+    after the profile it names."""
     if not isinstance(raw, dict):
         raise ExitbenchError(f"{source}: expected a mapping at the top level")
     raw = dict(raw)
     active = profile or raw.pop("profile", "cpu")
     raw.pop("profile", None)
+    chosen = raw.pop("experiment", "") if experiment is None else experiment
+    raw.pop("experiment", None)
+    chosen = chosen or ""
+    experiments = parse_experiments(raw.pop("experiments", {}) or {}, source)
     profiles = raw.pop("profiles", {}) or {}
     if not isinstance(profiles, dict):
         raise ExitbenchError(f"{source}: 'profiles' must map a profile name to its overrides")
@@ -398,17 +588,51 @@ def resolve(raw: dict[str, Any], source: str = "params.yaml", profile: str | Non
     if active not in PROFILES:
         allowed = ', '.join(PROFILES)
         raise ExitbenchError(f"{source}: profile '{active}' is not known; set 'profile' to one of {allowed}")
-    overrides = profiles.get(active) or {}
-    merged = deep_merge(raw, overrides)
+    chain = profile_chain(profiles, active, source)
+    if chosen and chosen not in experiments:
+        known = ", ".join(sorted(experiments)) or "none defined"
+        raise ExitbenchError(f"{source}: experiment '{chosen}' is not in experiments ({known}); set 'experiment'")
+    if not chosen:
+        wanted = sorted(name for name, e in experiments.items() if e.profile in chain)
+        if wanted:
+            raise ExitbenchError(
+                f"{source}: profile '{active}' runs one of its experiments ({', '.join(wanted)}); choose one with "
+                f"`python pipelines/use_profile.py {active} --experiment NAME`"
+            )
+    if chosen and experiments[chosen].profile not in chain:
+        raise ExitbenchError(
+            f"{source}: experiment '{chosen}' runs under profile '{experiments[chosen].profile}', not '{active}'; "
+            f"switch with `python pipelines/use_profile.py {experiments[chosen].profile} --experiment {chosen}`"
+        )
+    merged = raw
+    for name in chain:
+        body = {k: v for k, v in (profiles.get(name) or {}).items() if k not in ("extends", "shrink")}
+        merged = deep_merge(merged, body)
+        if chosen and experiments[chosen].profile == name:
+            merged = deep_merge(merged, experiment_overrides(chosen, experiments[chosen], merged, source))
+    shrink = (profiles.get(active) or {}).get("shrink")
+    if shrink is not None:
+        try:
+            merged = apply_shrink(merged, Shrink.model_validate(shrink))
+        except ValidationError as err:
+            raise ExitbenchError(_format_validation_error(err, f"{source}: profiles.{active}.shrink")) from None
     merged["profile"] = active
+    merged["experiment"] = chosen
     try:
         return Config.model_validate(merged)
     except ValidationError as err:
-        where = source if active == "cpu" and not overrides else f"{source} (profile '{active}')"
+        label = f"profile '{active}'" + (f", experiment '{chosen}'" if chosen else "")
+        where = source if active == "cpu" and not profiles.get(active) and not chosen else f"{source} ({label})"
         raise ExitbenchError(_format_validation_error(err, where)) from None
 
 
-def load(path: str | Path = "params.yaml", profile: str | None = None) -> Config:
+def experiments_of(path: str | Path = "params.yaml") -> dict[str, Experiment]:
+    """The experiments params.yaml defines (validated)."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    return parse_experiments(raw.get("experiments", {}) or {}, str(path))
+
+
+def load(path: str | Path = "params.yaml", profile: str | None = None, experiment: str | None = None) -> Config:
     """Read and validate ``params.yaml`` (the only reader of that file)."""
     path = Path(path)
     if not path.exists():
@@ -417,7 +641,7 @@ def load(path: str | Path = "params.yaml", profile: str | None = None) -> Config
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ExitbenchError(f"{path}: not valid YAML ({err.__class__.__name__}: {str(err).splitlines()[0]})") from None
-    return resolve(raw, str(path), profile)
+    return resolve(raw, str(path), profile, experiment)
 
 
 def stage_view(config: Config, stage: str) -> dict[str, Any]:
@@ -425,7 +649,8 @@ def stage_view(config: Config, stage: str) -> dict[str, Any]:
     if stage not in STAGE_SECTIONS:
         raise ExitbenchError(f"unknown stage '{stage}'; known: {', '.join(STAGE_SECTIONS)}")
     data = config.model_dump(mode="json")
-    return {"profile": config.profile, **{name: data[name] for name in STAGE_SECTIONS[stage]}}
+    head = {"profile": config.profile, **({"experiment": config.experiment} if config.experiment else {})}
+    return {**head, **{name: data[name] for name in STAGE_SECTIONS[stage]}}
 
 
 def train_variant_view(config: Config, variant: str) -> dict[str, Any]:
@@ -451,13 +676,14 @@ def check_references(
     ``data.tasks``; methods are in ``methods`` (the decoding registry), and ``parse_options`` validates each
     ``evaluate.methods`` entry. The registries are passed in, so this module imports neither.
     """
-    where = f"{source} (profile '{cfg.profile}')"
+    where = f"{source} (profile '{cfg.profile}'" + (f", experiment '{cfg.experiment}')" if cfg.experiment else ")")
     check_controls(cfg, where)
-    models = ["base", *sorted(cfg.train.variants)]
+    absent = sorted(name for name, variant in cfg.train.variants.items() if variant.source == "none")
+    models = ["base", *sorted(name for name in cfg.train.variants if name not in absent)]
+    among = "allowed (base or a train.variants key" + (f"; not {', '.join(absent)}: source none)" if absent else ")")
     for key in ("evaluate.models", "probe.models", "bench.models", "calibrate.models"):
-        _check_known(where, key, "model", _get(cfg, key), models, "allowed (base or a train.variants key)")
-    _check_known(where, "throughput.model", "model", [cfg.throughput.model], models,
-                 "allowed (base or a train.variants key)")
+        _check_known(where, key, "model", _get(cfg, key), models, among)
+    _check_known(where, "throughput.model", "model", [cfg.throughput.model], models, among)
     named_tasks = {"evaluate.tasks": list(cfg.evaluate.tasks), "calibrate.tasks": cfg.calibrate.tasks,
                    "bench.task": [cfg.bench.task], "throughput.task": [cfg.throughput.task]}
     for key, names in named_tasks.items():
@@ -471,14 +697,16 @@ def check_references(
     for key in ("evaluate.methods", "bench.peers", "throughput.methods"):  # <method>@<name>: other options
         names = [name.split("@", 1)[0] for name in _get(cfg, key)]
         _check_known(where, key, "method", names, sorted(methods), "registered")
-    for label, names in cfg.evaluate.method_models.items():
-        if label not in cfg.evaluate.methods:
-            raise ExitbenchError(
-                f"{where}: evaluate.method_models: '{label}' is not in evaluate.methods "
-                f"({', '.join(cfg.evaluate.methods)}); add it there or remove it here"
-            )
-        _check_known(where, f"evaluate.method_models.{label}", "model", names, list(cfg.evaluate.models),
-                     "in evaluate.models")
+    restrictions = (("method_models", "model", list(cfg.evaluate.models)),
+                    ("method_tasks", "task", list(cfg.evaluate.tasks)))
+    for field, kind, allowed in restrictions:
+        for label, names in getattr(cfg.evaluate, field).items():
+            if label not in cfg.evaluate.methods:
+                raise ExitbenchError(
+                    f"{where}: evaluate.{field}: '{label}' is not in evaluate.methods "
+                    f"({', '.join(cfg.evaluate.methods)}); add it there or remove it here"
+                )
+            _check_known(where, f"evaluate.{field}.{label}", kind, names, allowed, f"in evaluate.{kind}s")
     for key in ("evaluate.methods", "throughput.methods"):
         for name, options in _get(cfg, key).items():
             try:

@@ -20,8 +20,8 @@ import json
 import os
 import traceback
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,39 @@ def sample_key(sample: Sample, prompt_ids: Sequence[int]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class Shard:
+    """This process's slice of every sample list when evaluation runs under ``torchrun`` (one process per GPU):
+    sample ``i`` belongs to rank ``i % world``. Each rank times every method beside greedy on its own samples,
+    interleaved per sample as in one process, so each per-sample speed-up stays a same-process ratio."""
+
+    rank: int = 0
+    world: int = 1
+    barrier: Callable[[], None] = field(default=lambda: None, compare=False)
+
+    def owns(self, index: int) -> bool:
+        return index % self.world == self.rank
+
+    def records_path(self, path: Path, rank: int | None = None) -> Path:
+        """Where a rank keeps its records until rank 0 merges them (the whole file when not sharded)."""
+        if self.world == 1:
+            return path
+        return path.with_name(f"{path.stem}.rank{self.rank if rank is None else rank}-of-{self.world}{path.suffix}")
+
+
+def merge_shards(shard: Shard, path: Path, key: str) -> RecordFile:
+    """Rank 0, after the barrier: every rank's records of ``path`` joined into ``path`` (the part files go)."""
+    merged = RecordFile(path, key)
+    parts = [shard.records_path(path, rank) for rank in range(shard.world)]
+    for part in parts:
+        if part.exists():
+            merged.stored.update(RecordFile(part, key).stored)
+    merged._rewrite()
+    for part in parts:
+        part.unlink(missing_ok=True)
+    return merged
+
+
 class RecordFile:
     """Append-only per-sample records, each valid only for one settings key and one sample; resumable.
 
@@ -213,6 +246,7 @@ def run_methods(
     batch: TaskBatch,
     desc: str,
     limits: Mapping[str, int] | None = None,
+    shard: Shard | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Generate and score every sample a method has not recorded yet, methods interleaved per sample.
 
@@ -220,12 +254,15 @@ def run_methods(
     (another job, thermal throttling) hits all methods alike and the speed-ups, ratios of times taken
     minutes apart otherwise, compare like with like. Each method warms up once (not recorded) before the
     first timed sample. ``limits[name]`` (default: every sample) runs that method on the first samples only.
-    Returns each method's records in sample order.
+    Returns each method's records in sample order; with a ``shard`` (one process of several), only the
+    samples it owns are generated, and what it has is returned.
     """
     keys = batch.sample_keys
     limit = {name: min((limits or {}).get(name, len(keys)), len(keys)) for name in runs}
+    owned = shard.owns if shard is not None else (lambda index: True)
     todo = {
-        name: {i for i in range(limit[name]) if records.get(keys[i]) is None} for name, (_, records) in runs.items()
+        name: {i for i in range(limit[name]) if owned(i) and records.get(keys[i]) is None}
+        for name, (_, records) in runs.items()
     }
     for name, (method, _) in runs.items():
         if todo[name]:
@@ -240,7 +277,7 @@ def run_methods(
     done: dict[str, list[dict[str, Any]]] = {}
     for name, (_, records) in runs.items():
         found = [records.get(key) for key in keys[: limit[name]]]
-        assert all(record is not None for record in found)
+        assert shard is not None or all(record is not None for record in found)
         # a record reused from another position (the sample moved in the file) takes its index here
         done[name] = [{**record, "index": i} for i, record in enumerate(found) if record is not None]
     return done
@@ -481,9 +518,11 @@ def calibration_for(methods: list[str], ctx: EvalContext, task: Task, data_dir: 
     return write_task_calibration(task, data_dir, ctx.tokenizer, CALIBRATION_ROWS, target_dir / "calibration.json")
 
 
-def runs_on(cfg: Config, method: str, model: str) -> bool:
-    """Whether ``method`` runs on ``model``: every model unless ``evaluate.method_models`` names its models."""
-    return model in cfg.evaluate.method_models.get(method, [model])
+def runs_on(cfg: Config, method: str, model: str, task: str) -> bool:
+    """Whether ``method`` runs on (``model``, ``task``): every model and task unless ``evaluate.method_models`` /
+    ``evaluate.method_tasks`` name its own."""
+    ev = cfg.evaluate
+    return model in ev.method_models.get(method, [model]) and task in ev.method_tasks.get(method, [task])
 
 
 def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
@@ -493,16 +532,21 @@ def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
 
 
 def evaluate_model_task(
-    cfg: Config, ctx: EvalContext, task_name: str, data_dir: Path, out_dir: Path
+    cfg: Config, ctx: EvalContext, task_name: str, data_dir: Path, out_dir: Path, shard: Shard | None = None
 ) -> dict[str, dict[str, Any]]:
-    """All methods on one (model, task); writes ``<out>/<model>/<task>/<method>.{jsonl,json}``."""
+    """All methods on one (model, task); writes ``<out>/<model>/<task>/<method>.{jsonl,json}``.
+
+    Under a :class:`Shard` of several processes each generates its own samples, then (after the barrier) rank 0
+    merges the records and writes the summaries, the same as one process's; the other ranks return nothing.
+    """
+    shard = shard or Shard()
     task_cfg = cfg.evaluate.tasks[task_name]
     timing_samples = timing_sample_size(task_cfg)
     task = build_task(task_name, TaskSettings(cfg.base.seed, cfg.evaluate.sandbox_timeout_s))
     samples = load_samples(task, data_dir, task_cfg.num_samples)
     prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, cfg.evaluate.chat_template) for s in samples]
     batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
-    methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE and runs_on(cfg, m, ctx.name)]
+    methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE and runs_on(cfg, m, ctx.name, task_name)]
     draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, out_dir / ctx.name / task_name)
     calibration = calibration_for(methods, ctx, task, data_dir, out_dir / ctx.name / task_name)
     target = out_dir / ctx.name / task_name
@@ -530,9 +574,16 @@ def evaluate_model_task(
         }
         key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         method = build_method(name, ctx.model, options, draft_model=ctx.draft)
-        runs[name] = (method, RecordFile(target / f"{name}.jsonl", key))
+        runs[name] = (method, RecordFile(shard.records_path(target / f"{name}.jsonl"), key))
         options_of[name] = options
     limits = sample_limits({name: method for name, (method, _) in runs.items()}, len(samples), timing_samples)
+    if shard.world > 1:
+        run_methods(runs, batch, f"{ctx.name}/{task_name} rank {shard.rank}", limits, shard)
+        shard.barrier()
+        if shard.rank != 0:
+            return {}
+        runs = {name: (method, merge_shards(shard, target / f"{name}.jsonl", records.key))
+                for name, (method, records) in runs.items()}
     done = run_methods(runs, batch, f"{ctx.name}/{task_name}", limits)
     summaries: dict[str, dict[str, Any]] = {}
     own_greedy = next((name for name in runs if base_method(name) == FRAMEWORK_GREEDY), None)
@@ -551,8 +602,10 @@ def evaluate_model_task(
     return summaries
 
 
-def evaluate_all(cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path) -> list[dict[str, Any]]:
-    """The whole stage: every model x task x method in params.yaml's ``evaluate`` section."""
+def evaluate_all(
+    cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path, shard: Shard | None = None
+) -> list[dict[str, Any]]:
+    """The whole stage: every model x task x method in params.yaml's ``evaluate`` section (rows: rank 0's)."""
     for name, options in cfg.evaluate.methods.items():  # fail fast on an unknown method or bad options
         parse_options(name, options)
     require_isolation(list(cfg.evaluate.tasks))
@@ -560,7 +613,7 @@ def evaluate_all(cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path) -
     for model_name in cfg.evaluate.models:
         ctx = load_context(cfg, models_dir, model_name)
         for task_name in cfg.evaluate.tasks:
-            for method, summary in evaluate_model_task(cfg, ctx, task_name, data_dir, out_dir).items():
+            for method, summary in evaluate_model_task(cfg, ctx, task_name, data_dir, out_dir, shard).items():
                 rows.append({"model": model_name, "task": task_name, "method": method, **summary["speed"]})
         del ctx
         if torch.cuda.is_available():

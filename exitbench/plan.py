@@ -77,6 +77,8 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
     width = bytes_per_parameter(cfg.base.dtype)
     rows = []
     for name, v in cfg.train.variants.items():
+        if v.source != "train":
+            continue
         tokens = v.steps * v.batch_size * v.grad_accum * v.seq_len
         rows.append(
             PlanRow(
@@ -92,7 +94,9 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
         timing = min(t.timing_samples or t.num_samples, t.num_samples)
         for model in ev.models:
             for label in ev.methods:
-                if label != "autoregressive" and model not in ev.method_models.get(label, [model]):
+                if label != "autoregressive" and (
+                    model not in ev.method_models.get(label, [model]) or task not in ev.method_tasks.get(label, [task])
+                ):
                     continue
                 count = t.num_samples if label == "autoregressive" or not is_exact(label) else timing
                 generated += count * t.max_new_tokens
@@ -155,6 +159,28 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
     return rows
 
 
+def _download(hub_id: str, revision: str) -> str:
+    n = KNOWN_PARAMETERS.get(hub_id)
+    return f"download {hub_id}@{revision} ({f'~{n * 2 / 1e9:.1f} GB in bf16' if n else 'size unknown'})"
+
+
+def role_lines(cfg: Config) -> list[tuple[str, str]]:
+    """Where each role's model comes from: downloaded, trained here from base, or not part of the run."""
+    m = cfg.model
+    base = _download(m.hub_id, m.revision) if m.source == "hub" else f"{m.source} source"
+    rows = [("base", base if m.source != "local" else f"local checkpoint {m.local_path}")]
+    for name, v in cfg.train.variants.items():
+        if v.source == "hub":
+            rows.append((name, f"{_download(v.hub_id, v.revision)}, not trained"))
+        elif v.source == "local":
+            rows.append((name, f"local checkpoint {v.local_path}, not trained"))
+        elif v.source == "none":
+            rows.append((name, "not part of this run"))
+        else:
+            rows.append((name, f"trained here from base ({v.recipe} recipe, {v.steps} steps)"))
+    return rows
+
+
 def device_hours(row: PlanRow, device: Device) -> float:
     seconds = row.flops / (device.peak_flops * TRAIN_MFU) + row.bytes_read / (device.bandwidth * BANDWIDTH_EFFICIENCY)
     return seconds / 3600.0
@@ -165,9 +191,9 @@ def render_plan(cfg: Config, rows: list[PlanRow], device: Device = DEVICES["h100
     n = model_parameters(cfg)
     source = cfg.model.hub_id if cfg.model.source == "hub" else cfg.model.source
     size = f"{n / 1e9:.2f}B parameters, ~{n * 2 / 1e9:.1f} GB in bf16" if n else "size unknown (not in exitbench.plan)"
-    lines = [f"plan for profile '{cfg.profile}': model {source} ({size}), {cfg.base.dtype} on {cfg.base.device}"]
-    if cfg.model.source == "hub":
-        lines.append(f"  download: {cfg.model.hub_id}@{cfg.model.revision} (~{(n or 0) * 2 / 1e9:.1f} GB)")
+    what = f"profile '{cfg.profile}'" + (f", experiment '{cfg.experiment}'" if cfg.experiment else "")
+    lines = [f"plan for {what}: model {source} ({size}), {cfg.base.dtype} on {cfg.base.device}"]
+    lines += [f"  {role:<9} {text}" for role, text in role_lines(cfg)]
     if cfg.base.device == "cpu":  # the cost model is a GPU one: on a CPU it would print ~0.00 h everywhere
         lines += [f"  {row.stage:<16} {row.work}" for row in rows]
         lines.append("  on CPU: no estimate (exitbench/plan.py models GPUs); measured times: README, 'Time per stage'")

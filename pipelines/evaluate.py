@@ -1,8 +1,15 @@
-"""Stage `evaluate`: every model x task x method from params.yaml -> results/eval/<model>/<task>/<method>.json."""
+"""Stage `evaluate`: every model x task x method from params.yaml -> results/eval/<model>/<task>/<method>.json.
+
+Sharded over several GPUs (or processes) with the same command under torchrun:
+``torchrun --nproc_per_node 8 pipelines/evaluate.py ...``: each rank generates every method on its slice of
+the samples (sample i on rank i % N, on cuda:LOCAL_RANK), then rank 0 merges the records and writes the
+summaries, as one process would.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from transformers import AutoConfig
@@ -10,7 +17,7 @@ from transformers import AutoConfig
 from exitbench.cli import run_stage, set_threads
 from exitbench.config import EvaluateConfig, check_exit_layers, load_stage
 from exitbench.decoding import parse_options
-from exitbench.evaluation import evaluate_all
+from exitbench.evaluation import Shard, evaluate_all
 
 
 def check_method_exit_layers(evaluate: EvaluateConfig, models_dir: Path) -> None:
@@ -42,6 +49,22 @@ def remove_stale_summaries(out: Path, rows: list[dict]) -> list[Path]:
     return stale
 
 
+def launched_shard(device: str) -> Shard:
+    """This process's :class:`Shard` under torchrun (RANK, WORLD_SIZE, LOCAL_RANK), else the whole sample list.
+    The ranks meet at a gloo barrier after each (model, task); on CUDA each rank takes its own GPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Shard()
+    import torch
+    import torch.distributed as dist
+
+    if device in ("cuda", "auto") and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return Shard(rank=dist.get_rank(), world=world, barrier=dist.barrier)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="build/config/evaluate.json")
@@ -52,7 +75,10 @@ def main() -> None:
     cfg = load_stage(args.config)
     set_threads(cfg.base.threads)
     check_method_exit_layers(cfg.evaluate, Path(args.models_dir))
-    rows = evaluate_all(cfg, Path(args.models_dir), Path(args.data), Path(args.out))
+    shard = launched_shard(cfg.base.device)
+    rows = evaluate_all(cfg, Path(args.models_dir), Path(args.data), Path(args.out), shard)
+    if shard.rank != 0:
+        return
     for path in remove_stale_summaries(Path(args.out), rows):
         print(f"evaluate: removed {path} (not part of this run's settings)")
     for row in rows:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from exitbench.cli import run_stage, set_threads
 from exitbench.config import load_stage, stage_view
+from exitbench.data.io import atomic_write_json
 from exitbench.models.load import load_early_exit_model, load_tokenizer
+from exitbench.models.sources import absent_role
 from exitbench.probe import PROBE_TEXTS, load_topv2_pairs, probe_prompt_target, probe_texts
 from exitbench.provenance import provenance
 
@@ -31,6 +33,12 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = load_stage(args.config)
     set_threads(cfg.base.threads)
+    absent = absent_role(args.model_dir)
+    if absent is not None or args.name not in cfg.probe.models:
+        why = absent["why"] if absent else f"'{args.name}' is not in probe.models ({', '.join(cfg.probe.models)})"
+        atomic_write_json(Path(args.out), {"model": args.name, "skipped": why})
+        print(f"probe_layers: {args.name} skipped: {why} -> {args.out}")
+        return
     pairs = load_topv2_pairs(Path(args.data) / "topv2" / "eval.jsonl", cfg.probe.topv2_rows) if args.data else []
     model = load_early_exit_model(args.model_dir, cfg.base.dtype, cfg.base.device)
     tokenizer = load_tokenizer(args.model_dir)

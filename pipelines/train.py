@@ -1,5 +1,9 @@
 """DVC stage `train`: finetune the base model with the LayerSkip or CALM early-exit recipe.
 
+A role an experiment takes already trained (``source: hub`` / ``local``) is prepared like the base model
+instead; a role it leaves out (``source: none``) gets a marker directory, so the DVC graph is the same
+for every experiment.
+
     python pipelines/train.py --config build/config/train-layerskip.json --variant layerskip \
         --base-model models/base --data data --out models/layerskip \
         --checkpoints checkpoints/layerskip --report results/train/layerskip.json
@@ -18,7 +22,9 @@ import torch
 
 from exitbench.cli import run_stage
 from exitbench.config import load_stage
+from exitbench.data.io import atomic_write_json
 from exitbench.errors import ExitbenchError
+from exitbench.models.sources import prepare_released, write_absent
 from exitbench.training.distributed import launched_world_size
 from exitbench.training.trainer import TrainPaths, train
 
@@ -51,7 +57,11 @@ def main(argv: list[str] | None = None) -> None:
         checkpoints=Path(args.checkpoints or f"checkpoints/{args.variant}"),
         report=Path(args.report or f"results/train/{args.variant}.json"),
     )
-    report = train(variants[args.variant], config.base, paths, name=args.variant, progress=not args.no_progress)
+    variant = variants[args.variant]
+    if variant.source != "train":
+        obtain_untrained(args.variant, variant, config.experiment, paths)
+        return
+    report = train(variant, config.base, paths, name=args.variant, progress=not args.no_progress)
     if report is not None:
         ratio = report["step_time_ratio"]
         ratio_text = f", step-time ratio {ratio['ratio']:.2f}x vs plain" if ratio else ""
@@ -59,6 +69,23 @@ def main(argv: list[str] | None = None) -> None:
             f"train: {args.variant} {report['steps']} steps, final loss {report['final_loss']:.4f}"
             f"{ratio_text} -> {paths.out}, {paths.report}"
         )
+
+
+def obtain_untrained(name: str, variant, experiment: str, paths: TrainPaths) -> None:
+    """A released checkpoint (hub / local) prepared as is, or the marker of a role the experiment leaves out;
+    the training report says which. The checkpoint directory (a DVC output) is made, and stays empty."""
+    paths.checkpoints.mkdir(parents=True, exist_ok=True)
+    if variant.source == "none":
+        info = write_absent(paths.out, name, experiment)
+        atomic_write_json(paths.report, {"variant": name, "source": "none", "trained": False, "why": info["why"]})
+        print(f"train: {name} is not part of experiment '{experiment}' -> marker {paths.out}/absent.json")
+        return
+    info = prepare_released(variant.source, variant.hub_id, variant.revision, variant.local_path, paths.out)
+    where = variant.hub_id if variant.source == "hub" else variant.local_path
+    atomic_write_json(paths.report, {"variant": name, "source": variant.source, "checkpoint": where,
+                                     "trained": False, "num_layers": info["num_layers"],
+                                     "num_parameters": info["num_parameters"]})
+    print(f"train: {name} = released checkpoint {where} ({info['num_layers']} layers), not trained -> {paths.out}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""Switch the active profile in params.yaml (`python pipelines/use_profile.py smoke`), then `dvc repro`.
+"""Switch the active profile (and experiment) in params.yaml, then `dvc repro`.
 
-Only the `profile:` line changes; `configure` then rewrites the resolved configs, and DVC re-runs exactly
-the stages whose effective settings differ.
+    python pipelines/use_profile.py smoke
+    python pipelines/use_profile.py paper --experiment layerskip_topv2_llama32_1b
+
+Only the `profile:` and `experiment:` lines change; `configure` then rewrites the resolved configs, and DVC
+re-runs exactly the stages whose effective settings differ.
 """
 
 from __future__ import annotations
@@ -19,16 +22,22 @@ from exitbench.errors import ExitbenchError
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("profile", help=f"one of: {', '.join(config.PROFILES)}")
+    parser.add_argument("--experiment", default="", help="one of params.yaml's experiments (profile paper)")
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args()
     path = Path(args.params)
-    config.load(path, profile=args.profile)  # validates the name and the merged values first
+    config.load(path, profile=args.profile, experiment=args.experiment)  # validates the names and merged values
     text = path.read_text()
     new_text, count = re.subn(r"(?m)^profile:.*$", f"profile: {args.profile}", text, count=1)
     if count != 1:
         raise ExitbenchError(f"{path}: no top-level 'profile:' line to change; add 'profile: {args.profile}'")
+    line = f'experiment: "{args.experiment}"'
+    new_text, count = re.subn(r"""(?m)^experiment:[ \t]*("[^"\n]*"|'[^'\n]*'|[^\s#]*)""", line, new_text, count=1)
+    if count != 1:
+        new_text = re.sub(r"(?m)^(profile:.*)$", rf"\1\n{line}", new_text, count=1)
     atomic_write_text(path, new_text)
-    print(f"profile: {args.profile} (in {path}); now run `dvc repro`")
+    chosen = f", experiment {args.experiment}" if args.experiment else ""
+    print(f"profile: {args.profile}{chosen} (in {path}); now run `dvc repro`")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,17 @@ from exitbench.errors import ExitbenchError
 REPO = Path(__file__).resolve().parents[1]
 
 
+def every_run() -> list[tuple[str, str]]:
+    """(profile, experiment) for every profile: each paper experiment under paper and paper_dry."""
+    experiments = config.experiments_of(REPO / "params.yaml")
+    return [(profile, name) for profile in config.PROFILES
+            for name in ([n for n, e in experiments.items() if e.profile == "paper"] if "paper" in profile else [""])]
+
+
 def test_repository_params_resolve_for_every_profile():
-    for profile in config.PROFILES:
-        cfg = config.load(REPO / "params.yaml", profile=profile)
-        assert cfg.profile == profile
+    for profile, experiment in every_run():
+        cfg = config.load(REPO / "params.yaml", profile=profile, experiment=experiment)
+        assert (cfg.profile, cfg.experiment) == (profile, experiment)
         assert set(cfg.train.variants) == {"plain", "layerskip", "calm"}
 
 
@@ -72,8 +79,8 @@ def test_strict_types_take_yaml_floats_ints_as_floats_and_configure_json():
     raw = yaml.safe_load("train: {variants: {layerskip: {lr: 1.0e-4, e_scale: 1, grad_clip: 2}}}")
     variant = config.resolve(raw).train.variants["layerskip"]
     assert (variant.lr, variant.e_scale, variant.grad_clip) == (1.0e-4, 1.0, 2.0)
-    for profile in config.PROFILES:  # every stage's build/config JSON (lists, mappings) validates back
-        cfg = config.load(REPO / "params.yaml", profile=profile)
+    for profile, experiment in every_run():  # every stage's build/config JSON (lists, mappings) validates back
+        cfg = config.load(REPO / "params.yaml", profile=profile, experiment=experiment)
         for stage, sections in config.STAGE_SECTIONS.items():
             loaded = config.Config.model_validate(json.loads(json.dumps(config.stage_view(cfg, stage))))
             assert all(getattr(loaded, name) == getattr(cfg, name) for name in sections)
@@ -95,8 +102,8 @@ def check_references(raw: dict) -> None:
 
 def test_repository_params_name_only_known_models_tasks_and_methods():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    for profile in config.PROFILES:
-        check_references({**raw, "profile": profile})
+    for profile, experiment in every_run():
+        check_references({**raw, "profile": profile, "experiment": experiment})
 
 
 @pytest.mark.parametrize(
@@ -192,14 +199,18 @@ def test_configure_writes_one_file_per_stage(tmp_path):
     assert {"train-layerskip.json", "train-calm.json"} <= names
 
 
-def test_paper_profile_trains_with_the_papers_topv2_settings():
-    """The paper profile's LayerSkip variant = replications/layerskip.yaml's TOPv2 finetune (Table 8/9)."""
+def test_paper_topv2_experiment_trains_with_the_papers_topv2_settings():
+    """The TOPv2 experiment's LayerSkip variant = replications/layerskip.yaml's TOPv2 finetune (Tables 8/9)."""
     runs = yaml.safe_load((REPO / "replications" / "layerskip.yaml").read_text())["training"]
     paper = next(run for run in runs if run["id"] == "topv2-llama-1.5b")
-    variant = config.load(REPO / "params.yaml", profile="paper").train.variants["layerskip"]
+    cfg = config.load(REPO / "params.yaml", profile="paper", experiment="layerskip_topv2_llama32_1b")
+    variant = cfg.train.variants["layerskip"]
+    assert variant.source == "train" and variant.corpus == {"topv2": 1.0}
     assert variant.batch_size * variant.grad_accum == paper["batch_size"]
     assert (variant.steps, variant.lr, variant.p_max, variant.e_scale) == (
         paper["steps"], paper["lr"], paper["p_max"], paper["e_scale"]
     )
     assert variant.curriculum == paper["early_exit_curriculum"] and variant.dropout_schedule == "continual"
     assert not variant.freeze_embeddings  # the paper trains every weight
+    plain = cfg.train.variants["plain"]
+    assert plain.source == "train" and plain.recipe == "plain" and plain.p_max == 0

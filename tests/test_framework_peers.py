@@ -72,8 +72,8 @@ def test_method_models_restricts_a_method_to_some_models():
         }
     }
     cfg = resolve(raw)
-    assert runs_on(cfg, "hf_greedy", "layerskip") and not runs_on(cfg, "hf_greedy", "base")
-    assert runs_on(cfg, "prompt_lookup", "base")
+    assert runs_on(cfg, "hf_greedy", "layerskip", "topv2") and not runs_on(cfg, "hf_greedy", "base", "topv2")
+    assert runs_on(cfg, "prompt_lookup", "base", "topv2")
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _require_model_dir(path: Path) -> None:
+    marker = path / "absent.json"
+    if marker.exists():
+        raise ExitbenchError(
+            f"{path}: this role is not part of the active experiment ({marker}); remove it from the stage's models "
+            "list in params.yaml, or give the role a source in the experiment"
+        )
     if not (path / "config.json").exists():
         raise ExitbenchError(
             f"{path}: no prepared model (config.json missing); run `dvc repro prepare_model` "

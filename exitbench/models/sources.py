@@ -48,6 +48,7 @@ from exitbench.errors import ExitbenchError
 from exitbench.models.view import EarlyExitModel
 
 MODEL_INFO = "model_info.json"
+ABSENT = "absent.json"  # the marker of a role the active experiment leaves out (train.variants.<v>.source: none)
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 PIP_TIMEOUT_S = 1800
 
@@ -291,6 +292,12 @@ def load_hub(hub_id: str, revision: str = "main") -> LoadedModel:
     from huggingface_hub import get_token
     from transformers import AutoTokenizer
 
+    from exitbench.models.standins import STANDINS_ENV, standin_dir
+
+    if os.environ.get(STANDINS_ENV):  # the dry run: a tiny local stand-in of the same layer count
+        loaded = load_local(standin_dir(hub_id, os.environ[STANDINS_ENV]))
+        loaded.source = {"kind": "standin", "hub_id": hub_id, "revision": revision, "path": loaded.source["path"]}
+        return loaded
     offline = _hub_offline()
     try:
         model = _from_pretrained_checked(
@@ -538,3 +545,31 @@ def prepare_model(
         },
     )
     return base_info, draft_info
+
+
+def prepare_released(source: str, hub_id: str, revision: str, local_path: str, out_dir: str | Path) -> dict[str, Any]:
+    """A role the experiment takes already trained (``train.variants.<v>.source`` hub or local): load, check
+    and save it like the base model, untouched."""
+    loaded = load_hub(hub_id, revision) if source == "hub" else load_local(local_path)
+    check_early_exit_view(loaded.model)
+    return save_prepared(loaded.model, loaded.tokenizer, out_dir,
+                         {"source": loaded.source, "source_sha256": loaded.source_sha256})
+
+
+def write_absent(out_dir: str | Path, role: str, experiment: str) -> dict[str, Any]:
+    """The marker directory of a role that is not part of the experiment: ``<out_dir>/absent.json`` only."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    info = {"role": role, "absent": True, "experiment": experiment,
+            "why": f"experiment '{experiment}' has no '{role}' model (train.variants.{role}.source: none)"}
+    (staging / ABSENT).write_text(json.dumps(info, indent=2) + "\n")
+    _swap_in(staging, out_dir)
+    return info
+
+
+def absent_role(path: str | Path) -> dict[str, Any] | None:
+    """The marker of an absent role at ``path``, or None when ``path`` is (or will be) a model."""
+    marker = Path(path) / ABSENT
+    return json.loads(marker.read_text()) if marker.exists() else None

@@ -222,12 +222,19 @@ def incomparability(setting: Setting, ours: OurSetting) -> list[str]:
     return reasons
 
 
-def _config_notes(row: Row, options: dict[str, Any]) -> list[str]:
+def _config_notes(row: Row, options: dict[str, Any], num_layers: int | None = None) -> list[str]:
     notes = []
     for key, label in (("exit_layer", "E"), ("num_speculations", "d")):
         paper_value = getattr(row.setting, key)
         ours = options.get(key)
-        if paper_value is not None and ours is not None and ours != paper_value:
+        if paper_value is None or ours is None or ours == paper_value:
+            continue
+        paper_layers = row.setting.num_layers
+        if key == "exit_layer" and num_layers and paper_layers and math.isclose(ours / num_layers,
+                                                                                  paper_value / paper_layers):
+            notes.append(f"same relative depth: ours E {ours} of {num_layers} layers, paper {paper_value} of "
+                         f"{paper_layers}")
+        else:
             notes.append(f"{label} differs: ours {ours}, paper {paper_value}")
     return notes
 
@@ -345,11 +352,27 @@ def _check_calm(row: Row, paper: Paper, results: Results, tolerance: float) -> l
     return verdicts
 
 
+def matches_setting(row: Row, result: EvalResult) -> bool:
+    """Whether ``result`` ran at the row's setting: the same d, and the same exit layer E or, on a model with
+    another layer count, the same relative depth E / L (a paper experiment on the closest open model)."""
+    options, setting = result.options, row.setting
+    if setting.num_speculations is not None and options.get("num_speculations") not in (None, setting.num_speculations):
+        return False
+    ours_e, paper_e = options.get("exit_layer"), setting.exit_layer
+    if ours_e is None or paper_e is None:
+        return True
+    ours_l, paper_l = (result.model_info or {}).get("num_layers"), setting.num_layers
+    if ours_e == paper_e and (ours_l is None or paper_l is None or ours_l == paper_l):
+        return True
+    return ours_l is not None and paper_l is not None and math.isclose(ours_e / ours_l, paper_e / paper_l)
+
+
 def _check_eval(row: Row, paper: Paper, results: Results, tolerance: float) -> list[Verdict]:
     verdicts = []
-    for result in results.evals:
-        if result.task != row.maps_to.task or base_method(result) != row.maps_to.method:
-            continue
+    candidates = [r for r in results.evals if r.task == row.maps_to.task and base_method(r) == row.maps_to.method]
+    # where some results ran at the row's (E, d), those answer it; otherwise every setting is shown with its notes
+    candidates = [r for r in candidates if matches_setting(row, r)] or candidates
+    for result in candidates:
         setting = our_setting_of_eval(result)
         options = {k: v for k, v in result.options.items() if k in ("exit_layer", "num_speculations")}
         if result.speed.speedup_vs_greedy is None:
@@ -358,7 +381,7 @@ def _check_eval(row: Row, paper: Paper, results: Results, tolerance: float) -> l
         verdicts.append(_verdict(
             row, paper, tolerance, model=result.model, ours=result.speed.speedup_vs_greedy, ours_setting=setting,
             our_setting_text=_describe_ours(setting, options), our_source=result.source_file,
-            extra_notes=_config_notes(row, result.options),
+            extra_notes=_config_notes(row, result.options, (result.model_info or {}).get("num_layers")),
         ))
     return verdicts
 

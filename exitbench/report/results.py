@@ -406,7 +406,14 @@ def load_sweep(root: Path) -> Sweep | None:
 
 
 def load_probes(root: Path) -> tuple[Probe, ...]:
-    return tuple(_parse(Probe, path, root) for path in sorted((root / "probe").glob("*.json")))
+    """Every probed model's curves (a model the profile or experiment does not probe leaves a ``skipped`` stub)."""
+    paths = [path for path in sorted((root / "probe").glob("*.json")) if "skipped" not in _peek(path)]
+    return tuple(_parse(Probe, path, root) for path in paths)
+
+
+def _peek(path: Path) -> dict[str, Any]:
+    data = read_json(path)
+    return data if isinstance(data, dict) else {}
 
 
 def load_calibrations(root: Path) -> tuple[Calibration, ...]:

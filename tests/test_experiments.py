@@ -1,0 +1,201 @@
+"""The papers' experiments as data (params.yaml `experiments`): roles and sources, the replication rows' settings,
+bad input, the dry run's caps, released and absent roles, hub stand-ins, and the check's setting match."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+from exitbench import config
+from exitbench.decoding import REGISTRY, base_method, parse_options
+from exitbench.errors import ExitbenchError
+from exitbench.models.load import load_early_exit_model
+from exitbench.models.sources import absent_role, load_hub
+from exitbench.models.standins import HUB_LAYERS, STANDINS_ENV, make_standin
+from exitbench.replications import load_paper
+from exitbench.report.check import matches_setting
+from exitbench.report.results import EvalResult
+from exitbench.tasks.registry import TASKS
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS = REPO / "params.yaml"
+EXPERIMENTS = config.experiments_of(PARAMS)
+PAPERS = [load_paper(REPO / "replications" / f"{name}.yaml") for name in ("layerskip", "calm")]
+ROWS = {row.id: row for paper in PAPERS for row in paper.rows}
+
+
+def resolved(name: str, profile: str = "paper") -> config.Config:
+    return config.load(PARAMS, profile=profile, experiment=name)
+
+
+def test_the_paper_profile_has_the_papers_experiments():
+    assert {"layerskip_continual_llama2_7b", "layerskip_code_7b", "layerskip_topv2_llama32_1b",
+            "calm_llama32_1b"} <= set(EXPERIMENTS)
+    continual = resolved("layerskip_continual_llama2_7b")
+    assert (continual.model.source, continual.model.hub_id) == ("hub", "meta-llama/Llama-2-7b-hf")
+    released = continual.train.variants["layerskip"]
+    assert (released.source, released.hub_id) == ("hub", "facebook/layerskip-llama2-7B")
+    assert continual.train.variants["plain"].source == continual.train.variants["calm"].source == "none"
+    code = resolved("layerskip_code_7b")
+    assert (code.model.hub_id, code.train.variants["layerskip"].hub_id) == (
+        "codellama/CodeLlama-7b-hf", "facebook/layerskip-codellama-7B")
+    topv2 = resolved("layerskip_topv2_llama32_1b")
+    assert topv2.model.hub_id == "meta-llama/Llama-3.2-1B"
+    assert topv2.train.variants["plain"].source == topv2.train.variants["layerskip"].source == "train"
+    calm = resolved("calm_llama32_1b")
+    assert calm.train.variants["calm"].source == "train" and calm.calibrate.models == ["calm"]
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+@pytest.mark.parametrize("profile", ["paper", "paper_dry"])
+def test_every_experiment_names_only_what_exists(name, profile):
+    cfg = resolved(name, profile)
+    config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+    for role, spec in EXPERIMENTS[name].models.items():
+        assert spec.train or spec.hub_id in HUB_LAYERS, f"{name}.{role}: no stand-in shape for the dry run"
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_each_experiment_measures_its_rows_at_the_rows_settings(name):
+    """Every row the experiment names: its task, method, token limit and sample count are in the settings, at
+    the row's d and its E (or, on a model with another layer count, the row's relative depth E / L)."""
+    experiment, cfg = EXPERIMENTS[name], resolved(name)
+    layers = HUB_LAYERS[experiment.models["base"].hub_id]
+    assert experiment.rows
+    for row_id in experiment.rows:
+        row = ROWS[row_id]
+        setting, task = row.setting, row.maps_to.task
+        if row.maps_to.method == "calm":
+            c = cfg.calibrate
+            assert "calm" in c.models and task in c.tasks and row.maps_to.measure in c.measures, row_id
+            assert row.maps_to.delta in c.deltas and setting.consistency == c.risk, row_id
+            continue
+        assert task in cfg.evaluate.tasks, row_id
+        task_cfg = cfg.evaluate.tasks[task]
+        if setting.max_new_tokens is not None:
+            assert task_cfg.max_new_tokens == setting.max_new_tokens, row_id
+        if setting.num_samples is not None:
+            assert task_cfg.num_samples == setting.num_samples, row_id
+        matches = []
+        for label, options in cfg.evaluate.methods.items():
+            if base_method(label) != row.maps_to.method or task not in cfg.evaluate.method_tasks.get(label, [task]):
+                continue
+            parsed = parse_options(label, options)
+            same_depth = parsed.exit_layer / layers == setting.exit_layer / setting.num_layers
+            same_d = setting.num_speculations is None or parsed.num_speculations == setting.num_speculations
+            matches += [label] if same_depth and same_d else []
+        assert len(matches) == 1, f"{row_id}: methods at its (E/L, d): {matches}"
+
+
+def test_paper_dry_is_the_paper_graph_with_every_count_cut():
+    for name in EXPERIMENTS:
+        paper, dry = resolved(name), resolved(name, "paper_dry")
+        assert (dry.base.device, dry.base.dtype) == ("cpu", "float32")
+        assert dry.evaluate.models == paper.evaluate.models and dry.evaluate.methods == paper.evaluate.methods
+        assert list(dry.evaluate.tasks) == list(paper.evaluate.tasks)
+        assert all(t.num_samples <= 2 and t.max_new_tokens <= 6 for t in dry.evaluate.tasks.values())
+        assert {k: v.source for k, v in dry.train.variants.items()} == {
+            k: v.source for k, v in paper.train.variants.items()}
+        assert all(v.steps <= 2 for v in dry.train.variants.values())
+        assert dry.calibrate.models == paper.calibrate.models and dry.calibrate.num_calibration <= 2
+        assert dry.bench.num_prompts <= 2 and dry.throughput.num_prompts <= 2
+
+
+RAW = {
+    "evaluate": {"models": ["base", "layerskip"], "methods": {"autoregressive": {}, "early_exit": {"exit_layer": 2}}},
+    "train": {"variants": {"layerskip": {}, "plain": {"recipe": "plain", "p_max": 0.0}}},
+    "calibrate": {"models": ["layerskip"]},
+    "profiles": {"paper": {"base": {"device": "cuda"}}},
+    "experiments": {
+        "exp": {"profile": "paper", "source": "a table", "models": {"base": {"hub_id": "org/base"},
+                                                                   "layerskip": {"hub_id": "org/ls"}}},
+    },
+}
+
+
+def raw_with(**experiment) -> dict:
+    body = {**RAW["experiments"]["exp"], **experiment}
+    return {**RAW, "experiments": {"exp": body}}
+
+
+def test_null_removes_a_key_and_experiments_apply_after_their_profile():
+    cfg = config.resolve({**RAW, "experiment": "exp", "profile": "paper"})
+    assert cfg.base.device == "cuda" and cfg.experiment == "exp"
+    assert cfg.train.variants["plain"].source == "none" and cfg.train.variants["layerskip"].hub_id == "org/ls"
+    removed = config.resolve(raw_with(settings={"evaluate": {"methods": {"early_exit": None}}}),
+                             profile="paper", experiment="exp")
+    assert list(removed.evaluate.methods) == ["autoregressive"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "profile", "experiment", "message"),
+    [
+        (RAW, "paper", "", "profile 'paper' runs one of its experiments (exp); choose one with"),
+        (RAW, "paper", "nope", "experiment 'nope' is not in experiments (exp)"),
+        (RAW, "smoke", "exp", "experiment 'exp' runs under profile 'paper', not 'smoke'"),
+        (raw_with(models={"base": {"hub_id": "a/b"}, "lyerskip": {"hub_id": "a/c"}}), "paper", "exp",
+         "experiments.exp.models: unknown role 'lyerskip'; roles: base, layerskip, plain"),
+        (raw_with(models={"base": {"hub_id": "a/b"}, "layerskip": {"hub_id": "a/c", "train": True}}), "paper", "exp",
+         "experiments.exp.models.layerskip: give either hub_id"),
+        (raw_with(models={"layerskip": {"train": True}}), "paper", "exp",
+         "experiments.exp: models.base must name the pretrained checkpoint"),
+        (raw_with(profile="gpu"), "paper", "exp", "experiments.exp.profile: 'gpu' is not a profile"),
+        (raw_with(settings={"evaluate": {"tasks": {"topv2": {"num_samples": "2"}}}}), "paper", "exp",
+         "profile 'paper', experiment 'exp'): evaluate.tasks.topv2.num_samples: expected an integer"),
+    ],
+)
+def test_a_bad_experiment_is_one_line_naming_it_and_the_key(raw, profile, experiment, message):
+    with pytest.raises(ExitbenchError) as err:
+        config.resolve(raw, profile=profile, experiment=experiment)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_stage_may_not_name_a_role_the_experiment_leaves_out():
+    raw = raw_with(settings={"evaluate": {"models": ["base", "plain"]}})
+    cfg = config.resolve(raw, profile="paper", experiment="exp")
+    with pytest.raises(ExitbenchError, match=r"evaluate\.models: unknown model 'plain'; .*not plain: source none"):
+        config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+
+
+def test_method_tasks_names_methods_and_tasks_that_exist():
+    raw = {**RAW, "evaluate": {**RAW["evaluate"], "method_tasks": {"early_exit": ["xsum"]}}}
+    cfg = config.resolve(raw)
+    with pytest.raises(ExitbenchError, match=r"evaluate\.method_tasks\.early_exit: unknown task 'xsum'"):
+        config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+
+
+def test_an_absent_role_leaves_a_marker_that_every_loader_names(tmp_path):
+    stage = runpy.run_path(str(REPO / "pipelines" / "train.py"))  # the train stage's functions
+    variant = config.TrainVariant(source="none")
+    paths = stage["TrainPaths"](base_model=tmp_path / "base", data=tmp_path / "data", out=tmp_path / "models" / "plain",
+                             checkpoints=tmp_path / "ck" / "plain", report=tmp_path / "train" / "plain.json")
+    stage["obtain_untrained"]("plain", variant, "exp", paths)
+    assert absent_role(paths.out)["experiment"] == "exp" and paths.checkpoints.is_dir()
+    assert json.loads(paths.report.read_text())["trained"] is False
+    with pytest.raises(ExitbenchError, match="not part of the active experiment"):
+        load_early_exit_model(paths.out)
+
+
+def test_hub_ids_load_from_standins_of_the_real_layer_count(tmp_path, monkeypatch):
+    make_standin("meta-llama/Llama-3.2-1B", tmp_path)
+    monkeypatch.setenv(STANDINS_ENV, str(tmp_path))
+    loaded = load_hub("meta-llama/Llama-3.2-1B")
+    assert loaded.source["kind"] == "standin" and loaded.model.config.num_hidden_layers == 16
+    assert loaded.tokenizer.decode(loaded.tokenizer("def f(x): return x")["input_ids"], skip_special_tokens=True) == (
+        "def f(x): return x")
+    with pytest.raises(ExitbenchError, match=f"{STANDINS_ENV}=.* has no stand-in for 'org/other'; make them with"):
+        load_hub("org/other")
+
+
+def test_the_check_matches_a_row_at_the_same_relative_depth():
+    row = ROWS["ls-t6-llama-1.5b-topv2-self-spec-e12"]  # E = 12 of 24, d = 8
+
+    def result(e: int, d: int, layers: int) -> EvalResult:
+        return EvalResult.model_construct(options={"exit_layer": e, "num_speculations": d},
+                                          model_info={"num_layers": layers})
+
+    assert matches_setting(row, result(12, 8, 24)) and matches_setting(row, result(8, 8, 16))
+    assert not matches_setting(row, result(4, 8, 16)) and not matches_setting(row, result(8, 4, 16))
