@@ -8,6 +8,7 @@ from exitbench.decoding import (  # noqa: F401  (registration)
     early_exit,
     hf_early_exit,
     hf_prompt_lookup,
+    layer_skip_draft,
     prompt_lookup,
     self_speculative,
     self_speculative_lookup,
