@@ -267,6 +267,11 @@ def run_methods(
     Returns each method's records in sample order; with a ``shard`` (one process of several), only the
     samples it owns are generated, and what it has is returned. ``warm_each_sample`` (on a GPU): before a
     sample's round, the first method prefills its prompt once, untimed (:data:`CUDA_PROMPT_WARMUP`).
+
+    The first method is the reference (greedy). When a sample's reference record is stored but another
+    method's is not (a method added, or its options changed, after greedy ran), the reference runs again in
+    that sample's round and its timing goes into each new record as ``reference_decode``: the new method's
+    speed-up is then paired with a greedy run of the same process and minute, not with one from another run.
     """
     keys = batch.sample_keys
     limit = {name: min((limits or {}).get(name, len(keys)), len(keys)) for name in runs}
@@ -280,13 +285,20 @@ def run_methods(
             method.generate(batch.prompt_ids[min(todo[name])], min(4, batch.max_new_tokens), batch.stop)
     total = sum(len(indices) for indices in todo.values())
     with tqdm(total=total, desc=desc, unit="gen", leave=False) as bar:
+        reference, (reference_method, _) = next(iter(runs.items()))
         for index in range(len(batch.samples)):
             if warm_each_sample and any(index in indices for indices in todo.values()):
-                first_method = next(iter(runs.values()))[0]
-                first_method.generate(batch.prompt_ids[index], 1, batch.stop)
+                reference_method.generate(batch.prompt_ids[index], 1, batch.stop)
+            fresh_reference = None
+            if index not in todo[reference] and any(index in todo[name] for name in runs if name != reference):
+                rerun = _one_sample(reference_method, batch, index)
+                fresh_reference = rerun["decode"] if rerun.get("error") is None else None
             for name, (method, records) in runs.items():
                 if index in todo[name]:
-                    records.append(_one_sample(method, batch, index), keys[index])
+                    record = _one_sample(method, batch, index)
+                    if fresh_reference is not None and name != reference:
+                        record["reference_decode"] = fresh_reference
+                    records.append(record, keys[index])
                     bar.update()
     done: dict[str, list[dict[str, Any]]] = {}
     for name, (_, records) in runs.items():
@@ -375,8 +387,9 @@ def summarize(
         speed["avg_exit_layer"] = sum(exit_layers) / len(exit_layers)
     correctness: dict[str, Any] = {"exact_claimed": method.exact}
     if greedy is not None:
-        g_tokens = sum(r["decode"]["num_tokens"] for r in greedy if r.get("error") is None)
-        g_seconds = sum(r["decode"]["wall_time_s"] for r in greedy if r.get("error") is None)
+        references = [reference_of(r, g) for r, g in zip(records, greedy, strict=True) if g.get("error") is None]
+        g_tokens = sum(decode["num_tokens"] for decode in references)
+        g_seconds = sum(decode["wall_time_s"] for decode in references)
         if g_tokens and tokens:
             speed["speedup_vs_greedy"] = (g_seconds / g_tokens) / (seconds / tokens)
         correctness.update(_compare(records, greedy))
@@ -450,13 +463,20 @@ def intervals(
     return out
 
 
+def reference_of(record: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """The greedy run ``record``'s speed-up is paired with: the one re-run in its own round when greedy's stored
+    record came from an earlier run (``reference_decode``, see :func:`run_methods`), else the stored record's."""
+    return record.get("reference_decode") or baseline["decode"]
+
+
 def paired_speedup(
-    records: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]], seed: int
+    records: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]], seed: int, rerun_reference: bool = True
 ) -> Interval | None:
     """The speed-up over ``baseline`` (time per token ratio) with its interval, prompt by prompt over the samples
-    both generated without error (the shorter record list's prefix); None when none did."""
+    both generated without error (the shorter record list's prefix); None when none did. Each record is paired
+    with :func:`reference_of` (a greedy re-run in its own round, if any) unless ``rerun_reference`` is False."""
     timed = [
-        (r["decode"], b["decode"])
+        (r["decode"], reference_of(r, b) if rerun_reference else b["decode"])
         for r, b in zip(records, baseline, strict=False)
         if r.get("error") is None and b.get("error") is None and r["decode"]["num_tokens"] * b["decode"]["num_tokens"]
     ]
@@ -477,7 +497,7 @@ def add_framework_speedup(
     peer gets, engine and kernels included. ``speedup_vs_framework_greedy`` compares it with transformers'
     own greedy ``generate()`` on the same prompts: the method's merit inside its framework.
     """
-    interval = paired_speedup(records, own_greedy, seed)
+    interval = paired_speedup(records, own_greedy, seed, rerun_reference=False)  # the peer's own greedy, as stored
     if interval is None:
         return
     summary["speed"]["speedup_vs_framework_greedy"] = interval.estimate

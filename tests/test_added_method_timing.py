@@ -1,0 +1,43 @@
+"""A method added after greedy's records were stored is timed against a greedy re-run in its own rounds
+(evaluation.run_methods ``reference_decode``), not against greedy's stored times from an earlier run."""
+
+from __future__ import annotations
+
+import json
+
+from exitbench.config import DataConfig, resolve
+from exitbench.data.prepare import prepare_data
+from exitbench.evaluation import EvalContext, evaluate_model_task
+from tests.test_second_mirror import DOMAINS, CharTokenizer, write_mirror
+
+SLOWER = 50.0  # the stored greedy times are made this much slower: an earlier run on a busier machine
+
+
+def config(methods: dict):
+    return resolve({"evaluate": {"models": ["tiny"], "methods": methods, "draft_vocab_size": 0,
+                                 "tasks": {"topv2": {"num_samples": 4, "max_new_tokens": 8}}}})
+
+
+def test_an_added_method_is_paired_with_a_fresh_greedy_run(tiny_model, tmp_path):
+    data = tmp_path / "data"
+    prepare_data(DataConfig(tasks=["topv2"], topv2_domains=DOMAINS), data, write_mirror(tmp_path / "m", "x", 2),
+                 progress=False)
+    ctx = EvalContext("tiny", tiny_model, CharTokenizer(), None, "tinykey", {"num_parameters": 1})
+    out = tmp_path / "eval"
+    first = evaluate_model_task(config({"autoregressive": {}}), ctx, "topv2", data, out)
+    stored = out / "tiny" / "topv2" / "autoregressive.jsonl"
+    records = [json.loads(line) for line in stored.read_text().splitlines()]
+    for record in records:
+        record["decode"]["wall_time_s"] *= SLOWER
+    stored.write_text("".join(json.dumps(record) + "\n" for record in records))
+
+    methods = {"autoregressive": {}, "early_exit": {"exit_layer": 3}}
+    second = evaluate_model_task(config(methods), ctx, "topv2", data, out)
+    assert stored.read_text().count("\n") == len(records)  # greedy's stored records were reused, not regenerated
+    assert second["autoregressive"]["quality"] == first["autoregressive"]["quality"]
+    added = [json.loads(line) for line in (out / "tiny" / "topv2" / "early_exit.jsonl").read_text().splitlines()]
+    assert len(added) == 4 and all(r["reference_decode"]["num_tokens"] > 0 for r in added)
+    speedup = second["early_exit"]["speed"]["speedup_vs_greedy"]
+    interval = second["early_exit"]["intervals"]["speedup_vs_greedy"]
+    # 3 of 4 layers: about 4/3 faster than a fresh greedy run; against the stored times it would be ~SLOWER x that
+    assert 0.5 < speedup < 5 and interval["high"] < 5, (speedup, interval)
