@@ -122,7 +122,7 @@ def test_stage_cli(tmp_path):
     _byte_tokenizer().save_pretrained(model_dir)
     _write_topv2(tmp_path / "data" / "topv2" / "eval.jsonl", 4)
     config = tmp_path / "probe_layers.json"
-    probe = {"max_tokens": 24, "topv2_rows": 2}
+    probe = {"max_tokens": 24, "topv2_rows": 2, "models": ["tiny"]}
     config.write_text(json.dumps({"profile": "cpu", "base": {"threads": 1}, "probe": probe}))
     spec = importlib.util.spec_from_file_location(
         "probe_layers_cli", Path(__file__).resolve().parents[1] / "pipelines" / "probe_layers.py"
@@ -138,6 +138,9 @@ def test_stage_cli(tmp_path):
     assert report["model"] == "tiny" and report["num_layers"] == 4 and report["layers"] == [1, 2, 3, 4]
     assert set(report["texts"]) == {"english", "code", "numbers", "topv2", "topv2_target"}
     assert report["texts"]["topv2"]["num_texts"] == 2
+    other = tmp_path / "results" / "probe" / "other.json"  # a model probe.models leaves out: a stub, no model load
+    cli.main(["--config", str(config), "--model-dir", str(tmp_path / "none"), "--name", "other", "--out", str(other)])
+    assert json.loads(other.read_text()) == {"model": "other", "skipped": "'other' is not in probe.models (tiny)"}
     assert 0 < report["texts"]["topv2_target"]["num_tokens"] < report["texts"]["topv2"]["num_tokens"]
     assert all(entry["num_tokens"] <= 24 * entry["num_texts"] for entry in report["texts"].values())
     for entry in report["texts"].values():
