@@ -138,15 +138,15 @@ def test_stage_cli(tmp_path):
     assert report["model"] == "tiny" and report["num_layers"] == 4 and report["layers"] == [1, 2, 3, 4]
     assert set(report["texts"]) == {"english", "code", "numbers", "topv2", "topv2_target"}
     assert report["texts"]["topv2"]["num_texts"] == 2
-    other = tmp_path / "results" / "probe" / "other.json"  # a model probe.models leaves out: a stub, no model load
-    cli.main(["--config", str(config), "--model-dir", str(tmp_path / "none"), "--name", "other", "--out", str(other)])
-    assert json.loads(other.read_text()) == {"model": "other", "skipped": "'other' is not in probe.models (tiny)"}
     assert 0 < report["texts"]["topv2_target"]["num_tokens"] < report["texts"]["topv2"]["num_tokens"]
     assert all(entry["num_tokens"] <= 24 * entry["num_texts"] for entry in report["texts"].values())
     for entry in report["texts"].values():
         assert entry["top1_agreement"][-1] == 1.0 and entry["median_rank"][-1] == 0.0
     assert {"git_commit", "torch", "transformers", "date"} <= set(report["provenance"])
     assert [path.name for path in out.parent.iterdir()] == ["tiny.json"]
+    other = tmp_path / "results" / "probe" / "other.json"  # a model probe.models leaves out: a stub, no model load
+    cli.main(["--config", str(config), "--model-dir", str(tmp_path / "none"), "--name", "other", "--out", str(other)])
+    assert json.loads(other.read_text()) == {"model": "other", "skipped": "'other' is not in probe.models (tiny)"}
 
 
 def test_target_positions_are_the_ones_predicting_the_target():
