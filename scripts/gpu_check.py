@@ -126,6 +126,8 @@ def generic_values(shape: Shape) -> dict[str, tuple[Any, ...]]:
         "num_speculations": (NUM_SPECULATIONS,),
         "threshold": (CALM_THRESHOLD,),
         "min_confidence": (MIN_CONFIDENCE,),
+        # Draft & Verify's draft: every other layer of the upper half skipped (a quarter of the layers)
+        "skip_layers": ([*range(shape.num_layers // 2, shape.num_layers, 2)],),
     }
 
 
