@@ -1,4 +1,5 @@
-"""After `dvc repro`: assert every stage's outputs exist and parse (used by CI on the smoke profile)."""
+"""After `dvc repro`: assert every stage's outputs exist and parse (CI: the smoke profile, and each paper
+experiment's dry run through scripts/paper_dry_run.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from exitbench.report.results import EVAL_INPUT_FILES
 
 
 def expected_files(cfg: config.Config) -> list[Path]:
+    """Every file the stages write for ``cfg`` (relative to the repository root)."""
     files = [Path("models/base/model_info.json"), Path("models/draft/model_info.json"), Path("data/manifest.json")]
     files += [Path(f"results/train/{v}.json") for v in cfg.train.variants]
-    files += [Path(f"results/probe/{m}.json") for m in ("base", "layerskip", "calm")]
+    files += [Path(f"results/probe/{m}.json") for m in ("base", *cfg.train.variants)]
     for model in cfg.evaluate.models:
         for task in cfg.evaluate.tasks:
             files += [
                 Path(f"results/eval/{model}/{task}/{method}.json")
                 for method in cfg.evaluate.methods
-                if method == "autoregressive" or runs_on(cfg, method, model)
+                if method == "autoregressive" or runs_on(cfg, method, model, task)
             ]
     files += [Path("results/bench/sweep.json"), Path("results/bench/sweep.csv")]
     files += [Path(f"results/calibrate/{m}.json") for m in cfg.calibrate.models]
@@ -59,21 +61,18 @@ def throughput_problems(cfg: config.Config, path: Path) -> list[str]:
     return problems
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--profile", default=None)
-    args = parser.parse_args()
-    cfg = config.load("params.yaml", profile=args.profile)
+def output_problems(cfg: config.Config, root: Path = Path(".")) -> list[str]:
+    """What is missing or wrong in the outputs under ``root`` for ``cfg`` (empty when all is well)."""
     problems = []
     for path in expected_files(cfg):
-        if not path.exists():
+        if not (root / path).exists():
             problems.append(f"missing {path}")
         elif path.suffix == ".json":
             try:
-                json.loads(path.read_text())
+                json.loads((root / path).read_text())
             except json.JSONDecodeError as err:
                 problems.append(f"{path} is not valid JSON ({err})")
-    for path in Path("results/eval").glob("*/*/*.json"):
+    for path in (root / "results/eval").glob("*/*/*.json"):
         if path.name in EVAL_INPUT_FILES:
             continue
         summary = json.loads(path.read_text())
@@ -85,15 +84,24 @@ def main() -> int:
         if framework != "exitbench" and path != own_greedy and own_greedy.exists():
             if summary["speed"].get("speedup_vs_framework_greedy") is None:
                 problems.append(f"{path}: a transformers peer without its speed-up against {FRAMEWORK_GREEDY}")
-    for path in Path("results/calibrate").glob("*.json"):
+    for path in (root / "results/calibrate").glob("*.json"):
         if not json.loads(path.read_text()).get("provenance", {}).get("num_parameters"):
             problems.append(f"{path}: provenance has no num_parameters (the check cannot compare model sizes)")
-    problems += throughput_problems(cfg, Path("results/throughput/throughput.json"))
-    check = json.loads(Path("results/check.json").read_text()) if Path("results/check.json").exists() else {}
-    text = json.dumps(check)
+    problems += throughput_problems(cfg, root / "results/throughput/throughput.json")
+    check_path = root / "results/check.json"
+    text = json.dumps(json.loads(check_path.read_text())) if check_path.exists() else ""
     for figure in ("2.16", "1.82", "2.0"):
         if figure not in text:
             problems.append(f"results/check.json has no row for the paper's {figure}x figure")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--profile", default=None)
+    args = parser.parse_args()
+    cfg = config.load("params.yaml", profile=args.profile)
+    problems = output_problems(cfg)
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     print(f"check_outputs: {len(expected_files(cfg))} files checked, {len(problems)} problem(s)")

@@ -7,7 +7,8 @@ stand-in of every hub checkpoint the experiments name (their real layer counts; 
 then for each experiment: `use_profile.py paper_dry --experiment NAME` (the paper profile's settings with
 every count cut by `profiles.paper_dry.shrink`) and `dvc repro`, and asserts what the paper profile would
 produce: every stage of dvc.yaml ran and is up to date, each result file the experiment's settings imply
-exists (the summary of every model x task x method, the training reports, probes and calibrations), and
+exists and parses (scripts/check_outputs.py: every model x task x method summary, training reports, probes,
+calibrations, throughput rows; exact methods match greedy in float32), and
 `results/check.json` has a measured verdict for every replication row the experiment names. Experiments run
 one after another in the same copy, so DVC reruns only what the switch changes (as a user's would).
 """
@@ -31,8 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from exitbench import config  # noqa: E402
 from exitbench.errors import ExitbenchError  # noqa: E402
-from exitbench.evaluation import runs_on  # noqa: E402
 from exitbench.models.standins import STANDINS_ENV, experiment_hub_ids, make_standin  # noqa: E402
+from scripts.check_outputs import output_problems  # noqa: E402
 
 NOT_MEASURED = "not measured"
 
@@ -67,20 +68,6 @@ def copy_tree(dest: Path) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-def expected_files(cfg: config.Config) -> list[str]:
-    """Result files the paper profile writes for this experiment's settings."""
-    files = ["results/check.json", "results/check.md", "results/README.md", "results/metrics.json",
-             "results/bench/sweep.json", "results/throughput/throughput.json"]
-    files += [f"results/train/{name}.json" for name in cfg.train.variants]
-    files += [f"results/probe/{name}.json" for name in cfg.probe.models]
-    files += [f"results/calibrate/{name}.json" for name in cfg.calibrate.models]
-    for model in cfg.evaluate.models:
-        for task in cfg.evaluate.tasks:
-            files += [f"results/eval/{model}/{task}/{method}.json" for method in cfg.evaluate.methods
-                      if method == "autoregressive" or runs_on(cfg, method, model, task)]
-    return files
-
-
 def check_experiment(copy: Path, name: str, experiment: config.Experiment) -> list[str]:
     """What the dry run of ``name`` lacks (empty when it produced everything the paper profile would)."""
     problems = []
@@ -93,7 +80,7 @@ def check_experiment(copy: Path, name: str, experiment: config.Experiment) -> li
     defined = subprocess.run(["dvc", "stage", "list", "--name-only"], cwd=copy, capture_output=True, text=True,
                              check=True).stdout.split()
     problems += [f"stage {stage} did not run (not in dvc.lock)" for stage in defined if stage not in stages]
-    problems += [f"missing {path}" for path in expected_files(cfg) if not (copy / path).is_file()]
+    problems += output_problems(cfg, copy)  # the files every stage writes, as CI checks the smoke run's
     check = json.loads((copy / "results/check.json").read_text()) if (copy / "results/check.json").exists() else {}
     verdicts: dict[str, list[str]] = {}
     for row in check.get("verdicts", []):
