@@ -164,6 +164,15 @@ def _download(hub_id: str, revision: str) -> str:
     return f"download {hub_id}@{revision} ({f'~{n * 2 / 1e9:.1f} GB in bf16' if n else 'size unknown'})"
 
 
+def hub_sources(cfg: Config) -> dict[str, tuple[str, str]]:
+    """params.yaml key -> (hub id, revision) of every checkpoint the run downloads."""
+    sources = {"model.hub_id": (cfg.model.hub_id, cfg.model.revision)} if cfg.model.source == "hub" else {}
+    for name, v in cfg.train.variants.items():
+        if v.source == "hub":
+            sources[f"train.variants.{name}.hub_id"] = (v.hub_id, v.revision)
+    return sources
+
+
 def role_lines(cfg: Config) -> list[tuple[str, str]]:
     """Where each role's model comes from: downloaded, trained here from base, or not part of the run."""
     m = cfg.model

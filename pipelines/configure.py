@@ -4,7 +4,8 @@ Validation covers types and keys, and that every model, task and method named ex
 :mod:`exitbench.tasks` and :mod:`exitbench.decoding`), so a typo fails here, before any stage computes.
 
 It prints the plan first (:mod:`exitbench.plan`: each stage's work and estimated device-hours), and a
-profile that runs on CUDA stops here, with one line, on a machine without it (unless the user opts in).
+profile that runs on CUDA stops here, with one line, on a machine without it (unless the user opts in), as
+does one whose hub checkpoints cannot be had (not cached, unreachable, gated without a token).
 
 Every other stage depends on its own file here, so switching profile re-runs exactly the stages whose
 effective values changed.
@@ -22,7 +23,8 @@ from exitbench import config
 from exitbench.cli import run_stage
 from exitbench.data.io import atomic_write_text
 from exitbench.decoding import REGISTRY, method_class, parse_options
-from exitbench.plan import build_plan, render_plan, require_cuda
+from exitbench.models.sources import check_hub_access
+from exitbench.plan import build_plan, hub_sources, render_plan, require_cuda
 from exitbench.tasks.registry import TASKS
 
 
@@ -36,6 +38,7 @@ def main() -> None:
     for line in render_plan(cfg, build_plan(cfg, lambda label: method_class(label).exact)):
         print(line)
     require_cuda(cfg, torch.cuda.is_available())
+    check_hub_access(hub_sources(cfg))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for stage in config.STAGE_SECTIONS:

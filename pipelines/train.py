@@ -80,7 +80,8 @@ def obtain_untrained(name: str, variant, experiment: str, paths: TrainPaths) -> 
         atomic_write_json(paths.report, {"variant": name, "source": "none", "trained": False, "why": info["why"]})
         print(f"train: {name} is not part of experiment '{experiment}' -> marker {paths.out}/absent.json")
         return
-    info = prepare_released(variant.source, variant.hub_id, variant.revision, variant.local_path, paths.out)
+    info = prepare_released(variant.source, variant.hub_id, variant.revision, variant.local_path, paths.out,
+                            key=f"train.variants.{name}")
     where = variant.hub_id if variant.source == "hub" else variant.local_path
     atomic_write_json(paths.report, {"variant": name, "source": variant.source, "checkpoint": where,
                                      "trained": False, "num_layers": info["num_layers"],

@@ -199,3 +199,25 @@ def test_the_check_matches_a_row_at_the_same_relative_depth():
 
     assert matches_setting(row, result(12, 8, 24)) and matches_setting(row, result(8, 8, 16))
     assert not matches_setting(row, result(4, 8, 16)) and not matches_setting(row, result(8, 4, 16))
+
+
+def test_configure_names_a_hub_checkpoint_it_cannot_have_before_any_stage_computes(tmp_path, monkeypatch):
+    from exitbench.models.sources import check_hub_access
+    from exitbench.plan import hub_sources
+
+    cfg = resolved("layerskip_continual_llama2_7b")
+    sources = hub_sources(cfg)
+    assert sources == {"model.hub_id": ("meta-llama/Llama-2-7b-hf", "main"),
+                       "train.variants.layerskip.hub_id": ("facebook/layerskip-llama2-7B", "main")}
+    monkeypatch.delenv(STANDINS_ENV, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    with pytest.raises(ExitbenchError) as err:
+        check_hub_access({"train.variants.layerskip.hub_id": ("org/not-cached", "main")})
+    message = str(err.value)
+    assert message.startswith("train.variants.layerskip.hub_id 'org/not-cached' (revision main) could not be loaded")
+    assert "offline" in message and "fix:" in message and "\n" not in message
+    make_standin("meta-llama/Llama-2-7b-hf", tmp_path / "standins")
+    monkeypatch.setenv(STANDINS_ENV, str(tmp_path / "standins"))
+    with pytest.raises(ExitbenchError, match="has no stand-in for 'facebook/layerskip-llama2-7B'"):
+        check_hub_access(sources)

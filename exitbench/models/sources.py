@@ -274,6 +274,40 @@ def _hub_failure_reason(err: BaseException, offline: bool) -> str:
     return _first_line(err)
 
 
+def hub_failure(key: str, hub_id: str, revision: str, reason: str) -> str:
+    """The one line for a hub checkpoint that cannot be had, naming the key and the fixes."""
+    from huggingface_hub import get_token
+
+    token = "" if get_token() else ", no HF token found"
+    local = "model.source: local with model.local_path" if key == "model.hub_id" else "source: local with local_path"
+    return (
+        f"{key} '{hub_id}' (revision {revision}) could not be loaded: {reason}{token}; fix: `huggingface-cli "
+        f"login` or set HF_TOKEN (with access granted on the model page), or download it and use {local}"
+    )
+
+
+def check_hub_access(sources: dict[str, tuple[str, str]]) -> None:
+    """Before any stage computes: every hub checkpoint (params key -> (id, revision)) is a stand-in, in the local
+    Hugging Face cache, or reachable with this machine's token; else one line naming the key and the fix."""
+    from huggingface_hub import HfApi
+
+    from exitbench.models.standins import STANDINS_ENV, standin_dir
+
+    for key, (hub_id, revision) in sources.items():
+        if os.environ.get(STANDINS_ENV):
+            standin_dir(hub_id, os.environ[STANDINS_ENV])
+            continue
+        if _snapshot_of(hub_id, revision) is not None:
+            continue
+        offline = _hub_offline()
+        try:
+            if offline:
+                raise OSError("offline")
+            HfApi().model_info(hub_id, revision=revision, timeout=20)
+        except Exception as err:  # any failure to reach the checkpoint is the user's to fix, said in one line
+            raise ExitbenchError(hub_failure(key, hub_id, revision, _hub_failure_reason(err, offline))) from None
+
+
 def _snapshot_of(hub_id: str, revision: str) -> Path | None:
     """The local directory whose files ``from_pretrained(hub_id)`` just used (a cache snapshot or a path)."""
     if Path(hub_id).is_dir():
@@ -287,9 +321,9 @@ def _snapshot_of(hub_id: str, revision: str) -> Path | None:
     return Path(config_path).parent if config_path else None
 
 
-def load_hub(hub_id: str, revision: str = "main") -> LoadedModel:
-    """The ``hub`` source: ``from_pretrained(hub_id, revision=...)`` in the checkpoint's own dtype."""
-    from huggingface_hub import get_token
+def load_hub(hub_id: str, revision: str = "main", key: str = "model.hub_id") -> LoadedModel:
+    """The ``hub`` source: ``from_pretrained(hub_id, revision=...)`` in the checkpoint's own dtype; errors name
+    ``key`` (the params.yaml key that gave the id)."""
     from transformers import AutoTokenizer
 
     from exitbench.models.standins import STANDINS_ENV, standin_dir
@@ -301,17 +335,11 @@ def load_hub(hub_id: str, revision: str = "main") -> LoadedModel:
     offline = _hub_offline()
     try:
         model = _from_pretrained_checked(
-            f"model.hub_id '{hub_id}'", hub_id, revision=revision, dtype="auto", local_files_only=offline
+            f"{key} '{hub_id}'", hub_id, revision=revision, dtype="auto", local_files_only=offline
         )
         tokenizer = AutoTokenizer.from_pretrained(hub_id, revision=revision, local_files_only=offline)
     except (OSError, ValueError) as err:
-        reason = _hub_failure_reason(err, offline)
-        token = "" if get_token() else ", no HF token found"
-        raise ExitbenchError(
-            f"model.hub_id '{hub_id}' (revision {revision}) could not be loaded: {reason}{token}; fix: "
-            "`huggingface-cli login` or set HF_TOKEN (with access granted on the model page), or download "
-            "it and use model.source: local with model.local_path"
-        ) from None
+        raise ExitbenchError(hub_failure(key, hub_id, revision, _hub_failure_reason(err, offline))) from None
     snapshot = _snapshot_of(hub_id, revision)
     source: dict[str, Any] = {"kind": "hub", "hub_id": hub_id, "revision": revision}
     if snapshot is not None and snapshot.parent.name == "snapshots":
@@ -547,10 +575,12 @@ def prepare_model(
     return base_info, draft_info
 
 
-def prepare_released(source: str, hub_id: str, revision: str, local_path: str, out_dir: str | Path) -> dict[str, Any]:
+def prepare_released(
+    source: str, hub_id: str, revision: str, local_path: str, out_dir: str | Path, key: str = "train.variants"
+) -> dict[str, Any]:
     """A role the experiment takes already trained (``train.variants.<v>.source`` hub or local): load, check
-    and save it like the base model, untouched."""
-    loaded = load_hub(hub_id, revision) if source == "hub" else load_local(local_path)
+    and save it like the base model, untouched; errors name ``key``."""
+    loaded = load_hub(hub_id, revision, key=f"{key}.hub_id") if source == "hub" else load_local(local_path)
     check_early_exit_view(loaded.model)
     return save_prepared(loaded.model, loaded.tokenizer, out_dir,
                          {"source": loaded.source, "source_sha256": loaded.source_sha256})
