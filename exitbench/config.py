@@ -219,6 +219,11 @@ class EvaluateConfig(Section):
         "method not named runs on every task (greedy decoding always does)",
     )
     chat_template: bool = False
+    chat_template_models: list[str] = Field(
+        [],
+        description="models (of evaluate.models) prompted through their tokenizer's chat template whatever "
+        "chat_template says: the format that gives a model its best score (e.g. an instruction-tuned base)",
+    )
     sandbox_timeout_s: float = Field(10.0, gt=0)
     draft_vocab_size: int = Field(
         0,
@@ -697,6 +702,8 @@ def check_references(
     for key in ("evaluate.methods", "bench.peers", "throughput.methods"):  # <method>@<name>: other options
         names = [name.split("@", 1)[0] for name in _get(cfg, key)]
         _check_known(where, key, "method", names, sorted(methods), "registered")
+    _check_known(where, "evaluate.chat_template_models", "model", cfg.evaluate.chat_template_models,
+                 list(cfg.evaluate.models), "in evaluate.models")
     restrictions = (("method_models", "model", list(cfg.evaluate.models)),
                     ("method_tasks", "task", list(cfg.evaluate.tasks)))
     for field, kind, allowed in restrictions:

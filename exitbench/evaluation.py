@@ -99,6 +99,12 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
     return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir), model_info)
 
 
+def uses_chat_template(cfg: Config, model: str) -> bool:
+    """Whether ``model``'s prompts go through its chat template (``evaluate.chat_template`` for every model, or
+    the model named in ``evaluate.chat_template_models``)."""
+    return cfg.evaluate.chat_template or model in cfg.evaluate.chat_template_models
+
+
 def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
     """Prompt text -> token ids (a chat template only when params ask for it; BOS as the tokenizer adds)."""
     if chat_template:
@@ -578,7 +584,8 @@ def evaluate_model_task(
     timing_samples = timing_sample_size(task_cfg)
     task = build_task(task_name, TaskSettings(cfg.base.seed, cfg.evaluate.sandbox_timeout_s))
     samples = load_samples(task, data_dir, task_cfg.num_samples)
-    prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, cfg.evaluate.chat_template) for s in samples]
+    chat = uses_chat_template(cfg, ctx.name)
+    prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, chat) for s in samples]
     batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
     methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE and runs_on(cfg, m, ctx.name, task_name)]
     draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, out_dir / ctx.name / task_name)
@@ -603,7 +610,7 @@ def evaluate_model_task(
             "max_new_tokens": task_cfg.max_new_tokens,
             "dtype": cfg.base.dtype,
             "device": cfg.base.device,
-            "chat_template": cfg.evaluate.chat_template,
+            "chat_template": chat,
             "seed": cfg.base.seed,
         }
         key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
@@ -627,7 +634,7 @@ def evaluate_model_task(
         if method.framework != "exitbench" and own_greedy is not None and name != own_greedy:
             add_framework_speedup(summary, done[name], done[own_greedy], cfg.base.seed)
         summary.update(task=task_name, method=name, base_method=base_method(name), model=ctx.name)
-        summary.update(options=options_of[name], dtype=cfg.base.dtype)
+        summary.update(options=options_of[name], dtype=cfg.base.dtype, chat_template=chat)
         summary["model_info"] = ctx.model_info
         summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
         summary["provenance"]["num_parameters"] = ctx.model_info["num_parameters"]

@@ -98,6 +98,7 @@ class EvalResult(_Lenient):
     sample: dict[str, Any] | None = None
     base_method: str | None = Field(None, description="the registry method of an instance label (early_exit@8)")
     quality_from: Any = Field(None, description="an exact method's quality is this run's (greedy's) by construction")
+    chat_template: bool | None = Field(None, description="prompts went through the tokenizer's chat template")
     source_file: str = ""
 
     def interval(self, metric: str) -> Interval | None:

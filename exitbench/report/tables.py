@@ -334,6 +334,8 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
             first = rows[0]
             commits = sorted({r.provenance.short_commit for r in rows})
             extra = f"model `{model}` · {first.dtype} · {first.num_samples} samples"
+            if first.chat_template is not None:
+                extra += " · prompts through the chat template" if first.chat_template else " · plain-text prompts"
             lines.append(provenance_line(first.provenance, extra))
             if len(commits) > 1:
                 lines.append(f"(methods measured at different commits: {', '.join(commits)})")
