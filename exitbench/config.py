@@ -219,10 +219,10 @@ class EvaluateConfig(Section):
         "method not named runs on every task (greedy decoding always does)",
     )
     chat_template: bool = False
-    chat_template_models: list[str] = Field(
-        [],
-        description="models (of evaluate.models) prompted through their tokenizer's chat template whatever "
-        "chat_template says: the format that gives a model its best score (e.g. an instruction-tuned base)",
+    chat_template_models: dict[str, list[str]] = Field(
+        {},
+        description="model (of evaluate.models) -> the tasks whose prompts go through its tokenizer's chat template "
+        "whatever chat_template says: the format that gives the model its best score on each task",
     )
     sandbox_timeout_s: float = Field(10.0, gt=0)
     draft_vocab_size: int = Field(
@@ -704,6 +704,9 @@ def check_references(
         _check_known(where, key, "method", names, sorted(methods), "registered")
     _check_known(where, "evaluate.chat_template_models", "model", cfg.evaluate.chat_template_models,
                  list(cfg.evaluate.models), "in evaluate.models")
+    for model, names in cfg.evaluate.chat_template_models.items():
+        _check_known(where, f"evaluate.chat_template_models.{model}", "task", names, list(cfg.evaluate.tasks),
+                     "in evaluate.tasks")
     restrictions = (("method_models", "model", list(cfg.evaluate.models)),
                     ("method_tasks", "task", list(cfg.evaluate.tasks)))
     for field, kind, allowed in restrictions:

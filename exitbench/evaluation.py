@@ -99,10 +99,10 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
     return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir), model_info)
 
 
-def uses_chat_template(cfg: Config, model: str) -> bool:
-    """Whether ``model``'s prompts go through its chat template (``evaluate.chat_template`` for every model, or
-    the model named in ``evaluate.chat_template_models``)."""
-    return cfg.evaluate.chat_template or model in cfg.evaluate.chat_template_models
+def uses_chat_template(cfg: Config, model: str, task: str) -> bool:
+    """Whether ``model``'s prompts of ``task`` go through its chat template (``evaluate.chat_template`` for every
+    model and task, or the tasks ``evaluate.chat_template_models`` names for the model)."""
+    return cfg.evaluate.chat_template or task in cfg.evaluate.chat_template_models.get(model, [])
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
@@ -584,7 +584,7 @@ def evaluate_model_task(
     timing_samples = timing_sample_size(task_cfg)
     task = build_task(task_name, TaskSettings(cfg.base.seed, cfg.evaluate.sandbox_timeout_s))
     samples = load_samples(task, data_dir, task_cfg.num_samples)
-    chat = uses_chat_template(cfg, ctx.name)
+    chat = uses_chat_template(cfg, ctx.name, task_name)
     prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, chat) for s in samples]
     batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
     methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE and runs_on(cfg, m, ctx.name, task_name)]

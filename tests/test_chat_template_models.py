@@ -24,9 +24,11 @@ def test_only_the_named_models_prompts_use_the_chat_template(tiny_model, tmp_pat
     prepare_data(config.DataConfig(tasks=["topv2"], topv2_domains=DOMAINS), data, write_mirror(tmp_path / "m", "x", 1),
                  progress=False)
     raw = {"evaluate": {"models": ["base", "tiny"], "methods": {"autoregressive": {}}, "draft_vocab_size": 0,
-                        "chat_template_models": ["base"], "tasks": {"topv2": {"num_samples": 2, "max_new_tokens": 3}}}}
+                        "chat_template_models": {"base": ["topv2"]},
+                        "tasks": {"topv2": {"num_samples": 2, "max_new_tokens": 3}}}}
     cfg = config.resolve(raw)
-    assert uses_chat_template(cfg, "base") and not uses_chat_template(cfg, "tiny")
+    assert uses_chat_template(cfg, "base", "topv2") and not uses_chat_template(cfg, "base", "cnndm")
+    assert not uses_chat_template(cfg, "tiny", "topv2")
     ids, prompts = {}, {}
     for name in ("base", "tiny"):
         generated.clear()
@@ -41,9 +43,17 @@ def test_only_the_named_models_prompts_use_the_chat_template(tiny_model, tmp_pat
 
 
 def test_a_model_not_evaluated_cannot_be_named():
-    cfg = config.resolve({"evaluate": {"models": ["base"], "chat_template_models": ["plain"]},
+    cfg = config.resolve({"evaluate": {"models": ["base"], "chat_template_models": {"plain": ["topv2"]}},
                           "train": {"variants": {"plain": {"recipe": "plain", "p_max": 0.0}}},
                           "calibrate": {"models": []}, "probe": {"models": ["base"]}, "bench": {"models": ["base"]},
                           "throughput": {"model": "base"}})
     with pytest.raises(ExitbenchError, match=r"evaluate\.chat_template_models: unknown model 'plain'"):
+        config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+
+
+def test_a_task_not_evaluated_cannot_be_named():
+    cfg = config.resolve({"evaluate": {"models": ["base"], "chat_template_models": {"base": ["xsum"]}},
+                          "train": {"variants": {}}, "calibrate": {"models": []}, "probe": {"models": ["base"]},
+                          "bench": {"models": ["base"]}, "throughput": {"model": "base"}})
+    with pytest.raises(ExitbenchError, match=r"evaluate\.chat_template_models\.base: unknown task 'xsum'"):
         config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
