@@ -50,15 +50,16 @@ def ctx(tiny_model):
 
 @pytest.fixture
 def count_generations(monkeypatch):
-    """Every timed generation, as (method class, prompt ids)."""
+    """Every timed generation (scored, or a reference re-run timed only), as (method class, prompt ids)."""
     made: list[tuple[str, tuple[int, ...]]] = []
-    original = evaluation._one_sample
+    for name in ("_one_sample", "_timed_only"):
+        original = getattr(evaluation, name)
 
-    def spy(method, batch, index):
-        made.append((type(method).__name__, tuple(batch.prompt_ids[index])))
-        return original(method, batch, index)
+        def spy(method, batch, index, original=original):
+            made.append((type(method).__name__, tuple(batch.prompt_ids[index])))
+            return original(method, batch, index)
 
-    monkeypatch.setattr(evaluation, "_one_sample", spy)
+        monkeypatch.setattr(evaluation, name, spy)
     return made
 
 
