@@ -83,7 +83,7 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
         )
     model = load_early_exit_model(model_dir, cfg.base.dtype, cfg.base.device)
     draft = None
-    if any(base_method(label) == "speculative" for label in cfg.evaluate.methods):
+    if any(needs_prepared_draft(label, options) for label, options in cfg.evaluate.methods.items()):
         draft_dir = models_dir / "draft"
         if not (draft_dir / "config.json").exists():
             raise ExitbenchError(f"evaluate: method 'speculative' needs {draft_dir}; run `dvc repro prepare_model`")
@@ -97,6 +97,12 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
         "projection": model.projection,
     }
     return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir), model_info)
+
+
+def needs_prepared_draft(label: str, options: dict[str, Any] | None) -> bool:
+    """Whether method ``label`` drafts with the prepared ``models/draft`` (``speculative`` without
+    ``draft_layers``; with it, the method copies the evaluated model's own first layers)."""
+    return base_method(label) == "speculative" and not (options or {}).get("draft_layers")
 
 
 def uses_chat_template(cfg: Config, model: str, task: str) -> bool:
@@ -645,6 +651,8 @@ def evaluate_model_task(
             add_framework_speedup(summary, done[name], done[own_greedy], cfg.base.seed)
         summary.update(task=task_name, method=name, base_method=base_method(name), model=ctx.name)
         summary.update(options=options_of[name], dtype=cfg.base.dtype, chat_template=chat)
+        if (memory := getattr(method, "extra_memory", lambda: None)()) is not None:
+            summary["extra_memory"] = memory  # a separate draft model's weights and cache, beside the model
         summary["model_info"] = ctx.model_info
         summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
         summary["provenance"]["num_parameters"] = ctx.model_info["num_parameters"]

@@ -21,13 +21,14 @@ from exitbench.evaluation import Shard, evaluate_all
 
 
 def check_method_exit_layers(evaluate: EvaluateConfig, models_dir: Path) -> None:
-    """Every ``evaluate.methods.<name>.exit_layer`` (calm: ``min_exit_layer``) within 1..L-1 of every listed
-    model, L read from the model's config.json: one error before any model is loaded or any sample generated."""
+    """Every ``evaluate.methods.<name>.exit_layer`` (calm: ``min_exit_layer``, speculative: ``draft_layers``
+    other than 0) within 1..L-1 of every listed model, L read from the model's config.json: one error before any
+    model is loaded or any sample generated."""
     layers = {}
     for name, options in evaluate.methods.items():
         parsed = parse_options(name, options)
-        for option in ("exit_layer", "min_exit_layer"):
-            if getattr(parsed, option, None) is not None:
+        for option in ("exit_layer", "min_exit_layer", "draft_layers"):
+            if getattr(parsed, option, None):
                 layers[f"evaluate.methods.{name}.{option}"] = getattr(parsed, option)
     for model in evaluate.models:
         if not (models_dir / model / "config.json").exists():

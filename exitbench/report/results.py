@@ -73,6 +73,17 @@ class Correctness(_Lenient):
     num_compared: int | None = Field(None, ge=0)
 
 
+def memory_text(memory: dict[str, Any]) -> str:
+    """What a method holds beside the model (a separate draft), from an evaluate summary's ``extra_memory``."""
+    text = f"{memory.get('what', 'extra weights')}: {memory['num_parameters'] / 1e6:.1f}M parameters"
+    fraction = memory.get("fraction_of_model")
+    share = f" ({100 * fraction:.0f}% of the model's weights)" if fraction is not None else ""
+    text += f", {memory['bytes'] / 2**20:.0f} MiB{share}"
+    if memory.get("kv_cache_bytes_per_token"):
+        text += f", its KV cache {memory['kv_cache_bytes_per_token'] / 1024:.1f} KiB per token"
+    return text
+
+
 class EvalResult(_Lenient):
     """``results/eval/<model>/<task>/<method>.json``."""
 
@@ -99,6 +110,9 @@ class EvalResult(_Lenient):
     base_method: str | None = Field(None, description="the registry method of an instance label (early_exit@8)")
     quality_from: Any = Field(None, description="an exact method's quality is this run's (greedy's) by construction")
     chat_template: bool | None = Field(None, description="prompts went through the tokenizer's chat template")
+    extra_memory: dict[str, Any] | None = Field(
+        None, description="what the method holds beside the model (a separate draft: parameters, bytes, KV bytes/token)"
+    )
     source_file: str = ""
 
     def interval(self, metric: str) -> Interval | None:

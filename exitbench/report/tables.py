@@ -18,7 +18,15 @@ from typing import Any
 from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import Paper
-from exitbench.report.results import CalibrationRow, EvalResult, Probe, Provenance, Results, SweepRow
+from exitbench.report.results import (
+    CalibrationRow,
+    EvalResult,
+    Probe,
+    Provenance,
+    Results,
+    SweepRow,
+    memory_text,
+)
 from exitbench.report.throughput import table_rows, throughput_section
 from exitbench.stats import Interval
 
@@ -297,6 +305,9 @@ def eval_table(rows: list[EvalResult]) -> list[str]:
             "decoding (what a user gets). `hf_greedy`'s own speed-up is the engine's share, `autoregressive@linear`'s "
             "(F.linear projections, as transformers uses) the kernel's.",
         ]
+    for r in rows:
+        if r.extra_memory:
+            lines += ["", f"`{r.method}` holds beside the model: {memory_text(r.extra_memory)}."]
     sources = sorted({(src.method, scored(src)) for r in rows if (src := quality_source(r, rows)) is not r})
     if sources:
         named = ", ".join(f"`{method}`'s (n={n})" for method, n in sources)
@@ -1014,6 +1025,8 @@ def eval_rows(results: Results) -> list[dict[str, Any]]:
                 **estimate_columns("acceptance_rate", speed_estimate(r, "acceptance_rate")),
                 "tokens_per_round": r.speed.tokens_per_round,
                 "ideal_fraction": r.speed.ideal_fraction,
+                "extra_parameters": (r.extra_memory or {}).get("num_parameters"),
+                "extra_memory_bytes": (r.extra_memory or {}).get("bytes"),
                 "exact_claimed": r.correctness.exact_claimed,
                 "num_mismatched": r.correctness.num_mismatched,
                 **estimate_columns("mismatch_rate", speed_estimate(r, "mismatch_rate")),
