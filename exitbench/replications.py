@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from exitbench.errors import ExitbenchError
 
 Task = Literal["cnndm", "xsum", "humaneval", "mbpp", "topv2", "wmt", "squad"]
-Method = Literal["autoregressive", "early_exit", "self_speculative", "calm"]
+Method = Literal["autoregressive", "early_exit", "self_speculative", "speculative", "calm"]
 HardwareKind = Literal["cpu", "gpu", "tpu"]
 
 
@@ -230,6 +230,7 @@ ClaimKind = Literal[
     "speculative_bound_paper",
     "calm_risk_guarantee",
     "calm_measure_order",
+    "shared_compute",
 ]
 Bound = Literal["within", "at_most", "above"]
 
@@ -248,6 +249,7 @@ CLAIM_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], Bound]] = {
     "speculative_bound_paper": ((), ("rows", "value"), "at_most"),
     "calm_risk_guarantee": ((), (), "at_most"),
     "calm_measure_order": ((), ("rows", "field"), "above"),
+    "shared_compute": (("method", "reference_method"), ("value",), "above"),
 }
 CURVE_KINDS = ("acceptance_at_depth", "speedup_at_depth", "exit_quality_fraction")
 

@@ -364,3 +364,39 @@ def test_check_cli_opens_with_the_claims_table(tmp_path: Path, fake_results: Pat
     header = "| claim | source | paper value | ours (interval, n) | tol. | verdict | note |"
     assert claims_at < markdown.index(header) < figures_at
     assert "`ls-claim-acceptance-vs-depth`: layerskip, topv2, self_speculative E=12/30" in markdown
+
+
+def test_shared_compute_pairs_each_method_with_the_greedy_run_of_its_own_round(fake_results: Path) -> None:
+    """Self-speculation vs `speculative` drafting with a copy of the same layers: each speed-up against its own
+    greedy (a later-added method carries its round's greedy re-run, reference_decode), then their ratio."""
+    assert _by_claim(fake_results)["ls-claim-shared-compute"][0].verdict == NOT_MEASURED  # no speculative twin yet
+    twelve = {"exit_layer": 12, "num_speculations": 1}
+    greedy = [{"wall_time_s": 1.0 + 0.01 * i, "num_tokens": 10} for i in range(N)]
+    self_spec = [{"wall_time_s": 0.5 * g["wall_time_s"], "num_tokens": 10, "num_accepted": 17.0, "num_drafted": 20.0}
+                 for g in greedy]
+    _write(fake_results, _summary("layerskip", "autoregressive", LS_AR), _records(LS_AR, greedy))
+    _write(fake_results, _summary("layerskip", "self_speculative", LS_AR, options=twelve), _records(LS_AR, self_spec))
+    # added later: its round's greedy ran 2x slower than the stored one (a busier minute), and so did it
+    separate = _records(LS_AR, [{"wall_time_s": 1.6 * g["wall_time_s"], "num_tokens": 10} for g in greedy])
+    for record, g in zip(separate, greedy, strict=True):
+        record["reference_decode"] = {"wall_time_s": 2.0 * g["wall_time_s"], "num_tokens": 10}
+    memory = {"what": "draft model: own copy of the first 12 layers, norm and head", "num_parameters": 70_000_000,
+              "bytes": 280_000_000, "fraction_of_model": 0.52, "kv_cache_bytes_per_token": 18432}
+    summary = _summary("layerskip", "speculative", LS_AR, options={"num_speculations": 1, "draft_layers": 12})
+    _write(fake_results, {**summary, "extra_memory": memory}, separate)
+
+    (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
+    assert verdict.ours.estimate == pytest.approx(2.0 / 1.25)  # 2x vs 1.25x; the stored greedy would give 3.2
+    assert verdict.verdict == REPRODUCED and "E=12 d=1" in verdict.subject
+    assert any("70.0M parameters" in note and "MiB" in note for note in verdict.notes)
+
+    slower = [{**r, "decode": {"wall_time_s": 0.9 * r["reference_decode"]["wall_time_s"], "num_tokens": 10}}
+              for r in separate]  # the separate draft now 1.11x: self-speculation is 1.8x faster than it
+    _write(fake_results, {**summary, "extra_memory": memory}, slower)
+    (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
+    assert verdict.ours.estimate == pytest.approx(2.0 / (1 / 0.9))
+    faster = [{**r, "decode": {"wall_time_s": 0.4 * r["reference_decode"]["wall_time_s"], "num_tokens": 10}}
+              for r in separate]  # the separate draft 2.5x: faster than self-speculation, the claim fails
+    _write(fake_results, {**summary, "extra_memory": memory}, faster)
+    (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
+    assert verdict.verdict == NOT_REPRODUCED and verdict.ours.high < 1

@@ -45,7 +45,7 @@ from exitbench.report.check import (
     incomparability,
     our_setting_of_eval,
 )
-from exitbench.report.results import EvalResult, Results, SweepRow
+from exitbench.report.results import EvalResult, Results, SweepRow, memory_text
 from exitbench.stats import CONFIDENCE, Interval, mean_interval, paired_interval, ratio_interval, speedup_interval
 
 _EDGE = 1e-9  # floating-point slack so that exactly-at-the-edge counts as inside
@@ -261,6 +261,36 @@ def difference_measured(a: EvalResult, b: EvalResult, metric: str, records: Reco
     ia, ib = qa.interval, qb.interval
     return Measured(Interval(ia.estimate - ib.estimate, ia.low - ib.high, ia.high - ib.low, min(ia.n, ib.n),
                              method="conservative: difference of the two intervals' ends"), "from the two intervals")
+
+
+def _speed_ratio(*columns: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Speed-up of the first (greedy, method) pair over the second's: columns are, per sample, greedy's seconds
+    and tokens then the method's, for each of the two methods (each paired with its own greedy run)."""
+    g1, n1, m1, k1, g2, n2, m2, k2 = (np.sum(c, axis=axis) for c in columns)
+    return ((g1 / n1) / (m1 / k1)) / ((g2 / n2) / (m2 / k2))
+
+
+def _timing(record: dict[str, Any], greedy: dict[str, Any]) -> tuple[float, float, float, float] | None:
+    """(greedy seconds, greedy tokens, method seconds, method tokens) of one sample: the method's record paired
+    with the greedy run of its own round (``reference_decode``) or, without one, greedy's stored record."""
+    reference = record.get("reference_decode") or greedy.get("decode") or {}
+    values = (reference.get("wall_time_s"), reference.get("num_tokens"), _decode(record, "wall_time_s"),
+              _decode(record, "num_tokens"))
+    return None if None in values or not all(values) else tuple(float(v) for v in values)  # type: ignore[return-value]
+
+
+def speed_ratio_measured(first: EvalResult, second: EvalResult, greedy: EvalResult, records: Records) -> Measured:
+    """``first``'s speed-up over greedy divided by ``second``'s, each against the greedy run it was paired with,
+    resampled over the samples both ran (paired bootstrap)."""
+    a, b, g = records.of(first), records.of(second), records.of(greedy)
+    if not a or not b or not g:
+        return Measured(None, "no per-sample records of both methods and greedy")
+    rows = [(ta, tb) for i in a if i in b and i in g
+            and (ta := _timing(a[i], g[i])) is not None and (tb := _timing(b[i], g[i])) is not None]
+    if not rows:
+        return Measured(None, "no sample timed under both methods")
+    columns = [[row[0][k] for row in rows] for k in range(4)] + [[row[1][k] for row in rows] for k in range(4)]
+    return Measured(paired_interval(columns, _speed_ratio), f"paired bootstrap over {len(rows)} shared samples")
 
 
 def _fraction_gain(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -722,6 +752,33 @@ def calm_measure_order(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
+def shared_compute(ctx: _Ctx) -> list[ClaimVerdict]:
+    """Self-speculation's speed-up over two-model speculative decoding whose draft is a copy of the same first E
+    layers and head (``draft_layers`` = E, same d): the same drafts, so the difference is the shared cache and
+    the verification resuming from the draft's exit states, and the separate draft's memory (in the note)."""
+    m = ctx.claim.maps_to
+    value = ctx.claim.paper.value or 1.0
+    out = []
+    for model in ctx.models():
+        for result in ctx.evals(model, m.method):
+            exit_layer, d = _exit_layer(result), result.options.get("num_speculations")
+            twin = next((r for r in ctx.evals(model, m.reference_method, result.task)
+                         if r.options.get("draft_layers") == exit_layer and r.options.get("num_speculations") == d),
+                        None)
+            greedy = ctx.reference(model, "autoregressive", result.task)
+            if twin is None or greedy is None:
+                continue  # a model or task without the separate-draft twin is not a subject of this claim
+            subject = f"{model}, {result.task}, {result.method} vs {twin.method} E={exit_layer} d={d}"
+            notes = [f"the separate draft holds {memory_text(twin.extra_memory)}"] if twin.extra_memory else []
+            out.append(ctx.verdict(subject, value, f"> {value:g} (self-speculation faster)",
+                                   speed_ratio_measured(result, twin, greedy, ctx.records),
+                                   source=result.source_file, notes=notes))
+    if not out:
+        out.append(ctx.not_measured(f"no {m.reference_method} result with draft_layers and d equal to a "
+                                    f"{m.method} result's exit_layer and d on the same model and task"))
+    return out
+
+
 RULES: dict[str, Callable[[_Ctx], list[ClaimVerdict]]] = {
     "acceptance_at_depth": acceptance_at_depth,
     "speedup_at_depth": speedup_at_depth,
@@ -733,6 +790,7 @@ RULES: dict[str, Callable[[_Ctx], list[ClaimVerdict]]] = {
     "speculative_bound_paper": speculative_bound_paper,
     "calm_risk_guarantee": calm_risk_guarantee,
     "calm_measure_order": calm_measure_order,
+    "shared_compute": shared_compute,
 }
 
 
