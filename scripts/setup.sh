@@ -44,5 +44,8 @@ fi
 if [ ! -d .dvc ]; then
   .venv/bin/dvc init -q
 fi
-.venv/bin/dvc config core.analytics false >/dev/null 2>&1 || true
+# only when not set: `dvc config` rewrites the file and drops its comments, leaving a fresh clone dirty
+if ! .venv/bin/dvc config core.analytics 2>/dev/null | grep -qx false; then
+  .venv/bin/dvc config core.analytics false >/dev/null 2>&1 || true
+fi
 echo "[setup] done. Activate with: source .venv/bin/activate"
