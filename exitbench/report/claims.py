@@ -444,19 +444,35 @@ def _at_depth(ctx: _Ctx, measure: Callable[[EvalResult], Measured]) -> list[Clai
                 continue
             notes, hardware = _setting_notes(ctx, result)
             measured = measure(result)
-            unusable = _unusable_outputs(result) if ctx.claim.kind == "speedup_at_depth" else None
-            reasons = [*hardware, *([unusable] if unusable else [])]
-            comparable = not reasons or measured.interval is None
+            unusable = _unusable_outputs(ctx, result, depth) if ctx.claim.kind == "speedup_at_depth" else None
+            verdict = None
+            if measured.interval is not None and hardware:
+                verdict = NOT_COMPARABLE  # a different hardware kind: shown, never judged
+            elif measured.interval is not None and unusable:
+                verdict = NOT_REPRODUCED  # same hardware kind, but the speed-up is of outputs that do not do the task
             out.append(ctx.verdict(subject, value, text, measured, source=result.source_file, notes=notes,
-                                   reasons=reasons, verdict=None if comparable else NOT_COMPARABLE))
+                                   reasons=[*hardware, *([unusable] if unusable else [])], verdict=verdict))
     return out
 
 
-def _unusable_outputs(result: EvalResult) -> str | None:
-    """Why a lossy method's speed-up is not the paper's kind: every quality metric of its outputs is 0.
+def _paper_quality_at(ctx: _Ctx, depth: float, metric: str) -> float | None:
+    """The paper's ``quality.<metric>`` of the claim's rows, interpolated at E/L ``depth`` (None: not printed)."""
+    points = []
+    for row_id in ctx.claim.paper.rows:
+        row = ctx.rows[row_id]
+        value = row.reported_value(f"quality.{metric}")
+        if value is None or row.relative_depth is None:
+            return None
+        points.append((row.relative_depth, value))
+    return interpolate(points, depth)
 
-    The papers' speed-ups are of outputs that still do the task (LayerSkip Table 6: early exit keeps 76-100%
-    of the last layer's EM); a speed-up of outputs that score nothing is a different measurement.
+
+def _unusable_outputs(ctx: _Ctx, result: EvalResult, depth: float) -> str | None:
+    """Why a lossy method's speed-up does not reproduce the paper's: every quality metric of its outputs is 0.
+
+    The papers' speed-ups are of outputs that still do the task (LayerSkip Table 11 prints early exit's EM
+    beside its time per token: 29.8 / 77.2 / 82.0 at E = 6 / 12 / 18 of 24); a speed-up of outputs that score
+    nothing is not that speed-up, whatever its size.
     """
     if result.correctness.exact_claimed:
         return None
@@ -464,7 +480,11 @@ def _unusable_outputs(result: EvalResult) -> str | None:
     if not quality or any(value > 0 for value in quality.values()):
         return None
     scores = ", ".join(f"{metric} {value:g}" for metric, value in sorted(quality.items()))
-    return f"outputs unusable: {scores} at this exit (n={result.num_samples}), so no speed-up of task outputs"
+    printed = [f"{metric} {value:.3g}" for metric in sorted(quality)
+               if (value := _paper_quality_at(ctx, depth, metric)) is not None]
+    paper = f", where the paper's outputs keep {', '.join(printed)} at this E/L (interpolated)" if printed else ""
+    return (f"outputs unusable: {scores} at this exit (n={result.num_samples}){paper}; "
+            "a speed-up of outputs that do not do the task does not reproduce the paper's")
 
 
 def _setting_notes(ctx: _Ctx, result: EvalResult) -> tuple[list[str], list[str]]:
