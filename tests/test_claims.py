@@ -314,6 +314,23 @@ def test_a_speed_up_of_outputs_that_score_nothing_is_not_reproduced(fake_results
     assert self_spec.verdict == REPRODUCED
 
 
+def test_sweep_bound_carries_the_sweeps_speed_up_and_acceptance_intervals(fake_results: Path) -> None:
+    """measured / predicted over a sweep row: the speed-up interval over the prediction at the acceptance
+    interval's ends (the prediction rises with acceptance), so a ratio of 0.9 from 4 noisy prompts straddles 1.05."""
+    row = _sweep_row(0.9, 8)
+    predicted = row["speedup_vs_greedy"] / 0.9
+    row.update(speedup_vs_greedy_low=predicted * 0.8, speedup_vs_greedy_high=predicted * 1.1, speedup_vs_greedy_n=4,
+               acceptance_rate_low=0.45, acceptance_rate_high=0.55, acceptance_rate_n=4)
+    (fake_results / "bench" / "sweep.json").write_text(json.dumps({"rows": [row], "provenance": PROVENANCE}))
+    bound = {v.subject: v for v in _by_claim(fake_results)["ls-claim-spec-bound-ours"]}
+    sweep = bound["layerskip, self_speculative (sweep)"]
+    at = {a: predict_speedup(a, 2, 0.4, 0.7)["predicted_speedup"] for a in (0.45, 0.55)}
+    assert sweep.ours.estimate == pytest.approx(0.9) and sweep.ours.n == 4
+    assert sweep.ours.low == pytest.approx(predicted * 0.8 / at[0.55])
+    assert sweep.ours.high == pytest.approx(predicted * 1.1 / at[0.45])
+    assert sweep.verdict == INCONCLUSIVE
+
+
 def test_missing_control_is_not_measured_and_never_replaced_by_base(fake_results: Path) -> None:
     for path in sorted((fake_results / "eval" / "plain").rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()

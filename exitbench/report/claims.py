@@ -619,11 +619,20 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
         if r.model != model or None in (r.acceptance_rate, r.num_speculations, r.c_draft, r.c_verify,
                                         r.speedup_vs_greedy):
             continue
-        predicted = _predicted(r.acceptance_rate or 0.0, r.num_speculations or 1, r.c_draft or 1.0, r.c_verify or 1.0)
+        d, c_draft, c_verify = r.num_speculations or 1, r.c_draft or 1.0, r.c_verify or 1.0
+        predicted = _predicted(r.acceptance_rate or 0.0, d, c_draft, c_verify)
         ratio = (r.speedup_vs_greedy or 0.0) / predicted
         label = (f"E={r.exit_layer} d={r.num_speculations}: measured {r.speedup_vs_greedy:.3g}x, "
                  f"predicted {predicted:.3g}x")
-        out.append((point(ratio, r.num_prompts, "point (the sweep records no interval)"), band, label))
+        speed, acc = r.interval("speedup_vs_greedy"), r.interval("acceptance_rate")
+        if speed is None or acc is None:  # a sweep written before it recorded intervals
+            out.append((point(ratio, r.num_prompts, "point (the sweep records no interval)"), band, label))
+            continue
+        low, high = (_predicted(x, d, c_draft, c_verify) for x in (acc.low, acc.high))
+        interval = Interval(ratio, speed.low / high, speed.high / low, speed.n,
+                            method="the sweep's speed-up interval over the prediction at its acceptance interval's "
+                                   "ends")
+        out.append((interval, band, label))
     return out
 
 
