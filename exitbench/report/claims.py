@@ -612,6 +612,13 @@ def _predicted(acceptance: float, d: int, c_draft: float, c_verify: float) -> fl
     return predict_speedup(min(max(acceptance, 0.0), 1.0), d, c_draft, c_verify)["predicted_speedup"]
 
 
+def _bound_interval(speed: Interval, acc: Interval, d: int, c_draft: float, c_verify: float, method: str) -> Interval:
+    """measured / predicted speed-up: the speed-up's interval over the prediction at the acceptance interval's
+    ends (the prediction rises with acceptance, so the low end divides by the high prediction)."""
+    low, mid, high = (_predicted(x, d, c_draft, c_verify) for x in (acc.low, acc.estimate, acc.high))
+    return Interval(speed.estimate / mid, speed.low / high, speed.high / low, speed.n, method=method)
+
+
 def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[tuple[Interval, Band, str]]:
     band = claim_band(ctx.claim, ctx.claim.paper.value or 1.0)
     out = []
@@ -628,11 +635,8 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
         if speed is None or acc is None:  # a sweep written before it recorded intervals
             out.append((point(ratio, r.num_prompts, "point (the sweep records no interval)"), band, label))
             continue
-        low, high = (_predicted(x, d, c_draft, c_verify) for x in (acc.low, acc.high))
-        interval = Interval(ratio, speed.low / high, speed.high / low, speed.n,
-                            method="the sweep's speed-up interval over the prediction at its acceptance interval's "
-                                   "ends")
-        out.append((interval, band, label))
+        out.append((_bound_interval(speed, acc, d, c_draft, c_verify, "the sweep's speed-up interval over the "
+                                    "prediction at its acceptance interval's ends"), band, label))
     return out
 
 
@@ -649,12 +653,11 @@ def _eval_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[tu
         speed, acc = speedup_measured(result, greedy, ctx.records), acceptance_interval(result, ctx.records)
         if cost is None or speed.interval is None or acc.interval is None or not isinstance(d, int):
             continue
-        s, a = speed.interval, acc.interval
-        pred = [_predicted(x, d, cost.c_draft or 1.0, cost.c_verify or 1.0) for x in (a.low, a.estimate, a.high)]
-        interval = Interval(s.estimate / pred[1], s.low / pred[2], s.high / pred[0], s.n,
-                            method="speed-up interval over the prediction at the acceptance interval's ends")
-        out.append((interval, band, f"{result.task} E={e} d={d}: measured {s.estimate:.3g}x, predicted "
-                                    f"{pred[1]:.3g}x (costs of the sweep)"))
+        interval = _bound_interval(speed.interval, acc.interval, d, cost.c_draft or 1.0, cost.c_verify or 1.0,
+                                   "speed-up interval over the prediction at the acceptance interval's ends")
+        predicted = _predicted(acc.interval.estimate, d, cost.c_draft or 1.0, cost.c_verify or 1.0)
+        out.append((interval, band, f"{result.task} E={e} d={d}: measured {speed.interval.estimate:.3g}x, "
+                                    f"predicted {predicted:.3g}x (costs of the sweep)"))
     return out
 
 
