@@ -66,7 +66,7 @@ def torchrun(script: Path, args: list[str]) -> None:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [*launcher, str(script), *args], capture_output=True, text=True, timeout=180, env=env, cwd=ROOT
+        [*launcher, str(script), *args], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

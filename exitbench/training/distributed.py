@@ -82,8 +82,17 @@ def init_distributed(mode: str, device: torch.device) -> DistContext:
     return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, sharded=mode == "fsdp")
 
 
-def shutdown(ctx: DistContext) -> None:
-    if ctx.active and dist.is_initialized():
+def shutdown(ctx: DistContext, clean: bool = True) -> None:
+    """Leave the process group.
+
+    On a clean exit every rank first meets at a barrier, so no rank tears the group down while another still
+    talks to it (gloo's ``destroy_process_group`` can hang otherwise: pytorch/pytorch#75097). After an error the
+    other ranks may never arrive, so the group is left to the process's exit instead of a collective teardown.
+    """
+    if not (ctx.active and dist.is_initialized()):
+        return
+    if clean:
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -251,9 +260,11 @@ def barrier(ctx: DistContext) -> None:
 
 @contextlib.contextmanager
 def session(mode: str, device: torch.device) -> Iterator[DistContext]:
-    """init_distributed ... shutdown, also on errors."""
+    """init_distributed ... shutdown (after an error, without the collective teardown)."""
     ctx = init_distributed(mode, device)
     try:
         yield ctx
-    finally:
-        shutdown(ctx)
+    except BaseException:
+        shutdown(ctx, clean=False)
+        raise
+    shutdown(ctx)
