@@ -74,7 +74,8 @@ def _model_key(model_dir: Path) -> str:
     return model_identity(model_dir)[:16]
 
 
-def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
+def load_context(cfg: Config, models_dir: Path, name: str, stages: Sequence[str] | None = None) -> EvalContext:
+    """Load model ``name`` (and the prepared draft when a method of ``stages``, default all, needs it)."""
     model_dir = models_dir / name
     if not (model_dir / "config.json").exists():
         raise ExitbenchError(
@@ -83,7 +84,8 @@ def load_context(cfg: Config, models_dir: Path, name: str) -> EvalContext:
         )
     model = load_early_exit_model(model_dir, cfg.base.dtype, cfg.base.device)
     draft = None
-    if any(needs_prepared_draft(label, options) for label, options in cfg.evaluate.methods.items()):
+    labels = [label for label in cfg.evaluate.methods if stages is None or base_method(label) in stages]
+    if any(needs_prepared_draft(label, cfg.evaluate.methods[label]) for label in labels):
         draft_dir = models_dir / "draft"
         if not (draft_dir / "config.json").exists():
             raise ExitbenchError(f"evaluate: method 'speculative' needs {draft_dir}; run `dvc repro prepare_model`")
@@ -197,18 +199,20 @@ class RecordFile:
 
     VERSION = 2  # records of earlier layouts (keyed by index) are never reused
 
-    def __init__(self, path: Path, key: str) -> None:
+    def __init__(self, path: Path, key: str, writable: bool = True) -> None:
         self.path = path
         self.key = key
         self.stored: dict[str, dict[str, Any]] = {}
         self.made = 0
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.writable = writable  # False: another stage's records, read and never rewritten
         if path.exists():
             for line in path.read_text().splitlines():
                 record = _parse(line)
                 if record is not None and record.get("layout") == self.VERSION and "record_key" in record:
                     self.stored[record["record_key"]] = record
-        self._rewrite()
+        if writable:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._rewrite()
 
     def record_key(self, sample_key: str) -> str:
         return hashlib.sha256(f"{self.key}/{sample_key}".encode()).hexdigest()[:32]
@@ -226,6 +230,8 @@ class RecordFile:
 
     def append(self, record: dict[str, Any], sample_key: str) -> dict[str, Any]:
         """Store ``record`` for ``sample_key`` (fsynced before returning) and return it as stored."""
+        if not self.writable:
+            raise RuntimeError(f"{self.path}: opened read-only (another stage's records)")
         record = {**record, "layout": self.VERSION, "settings_key": self.key, "sample_key": sample_key,
                   "record_key": self.record_key(sample_key)}
         with self.path.open("a") as handle:
@@ -269,6 +275,8 @@ def run_methods(
     limits: Mapping[str, int] | None = None,
     shard: Shard | None = None,
     warm_each_sample: bool = False,
+    references: Mapping[str, Mapping[str, DecodingMethod]] | None = None,
+    reference_limit: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Generate and score every sample a method has not recorded yet, methods interleaved per sample.
 
@@ -280,37 +288,57 @@ def run_methods(
     samples it owns are generated, and what it has is returned. ``warm_each_sample`` (on a GPU): before a
     sample's round, the first method prefills its prompt once, untimed (:data:`CUDA_PROMPT_WARMUP`).
 
-    The first method is the reference (greedy). When a sample's reference record is stored but another
-    method's is not (a method added, or its options changed, after greedy ran), the reference runs again in
-    that sample's round and its timing goes into each new record as ``reference_decode``: the new method's
-    speed-up is then paired with a greedy run of the same process and minute, not with one from another run.
+    ``references[name]`` = {field: reference method}: the runs a method's speed-ups are paired with (greedy
+    as ``reference_decode``; a transformers peer's own greedy as ``framework_reference_decode``). In each
+    round a reference runs once, timed and not scored, before the methods, and its decode goes into every new
+    record of that round as ``field``; a reference that is itself one of ``runs`` and due in the round (greedy
+    in its own stage) lends its fresh record's decode instead. Past ``reference_limit`` samples (the timing
+    sample) the field is None: the record counts for quality, not for speed.
     """
     keys = batch.sample_keys
+    references = references or {}
+    ref_limit = len(keys) if reference_limit is None else reference_limit
     limit = {name: min((limits or {}).get(name, len(keys)), len(keys)) for name in runs}
     owned = shard.owns if shard is not None else (lambda index: True)
     todo = {
         name: {i for i in range(limit[name]) if owned(i) and records.get(keys[i]) is None}
         for name, (_, records) in runs.items()
     }
+    ran = {id(method): name for name, (method, _) in runs.items()}
+    warm: dict[int, tuple[DecodingMethod, int]] = {}
     for name, (method, _) in runs.items():
         if todo[name]:
-            method.generate(batch.prompt_ids[min(todo[name])], min(4, batch.max_new_tokens), batch.stop)
+            warm.setdefault(id(method), (method, min(todo[name])))
+            for reference in references.get(name, {}).values():
+                warm.setdefault(id(reference), (reference, min(todo[name])))
+    for method, index in warm.values():
+        method.generate(batch.prompt_ids[index], min(4, batch.max_new_tokens), batch.stop)
     total = sum(len(indices) for indices in todo.values())
+    first_method = next(iter(runs.values()))[0]
     with tqdm(total=total, desc=desc, unit="gen", leave=False) as bar:
-        reference, (reference_method, _) = next(iter(runs.items()))
         for index in range(len(batch.samples)):
-            if warm_each_sample and any(index in indices for indices in todo.values()):
-                reference_method.generate(batch.prompt_ids[index], 1, batch.stop)
-            fresh_reference = None
-            if index not in todo[reference] and any(index in todo[name] for name in runs if name != reference):
-                fresh_reference = _timed_only(reference_method, batch, index)
-            for name, (method, records) in runs.items():
-                if index in todo[name]:
-                    record = _one_sample(method, batch, index)
-                    if fresh_reference is not None and name != reference:
-                        record["reference_decode"] = fresh_reference
-                    records.append(record, keys[index])
-                    bar.update()
+            due = [name for name in runs if index in todo[name]]
+            if not due:
+                continue
+            if warm_each_sample:
+                first_method.generate(batch.prompt_ids[index], 1, batch.stop)
+            timed: dict[int, dict[str, Any] | None] = {}
+            if index < ref_limit:
+                for name in due:
+                    for reference in references.get(name, {}).values():
+                        lent = ran.get(id(reference)) in due
+                        if id(reference) not in timed and not lent:
+                            timed[id(reference)] = _timed_only(reference, batch, index)
+            fresh: dict[int, dict[str, Any] | None] = {}
+            for name in due:
+                method, records = runs[name]
+                record = _one_sample(method, batch, index)
+                fresh[id(method)] = record.get("decode")
+                for field_name, reference in references.get(name, {}).items():
+                    found = timed.get(id(reference), fresh.get(id(reference)))
+                    record[field_name] = found if index < ref_limit else None
+                records.append(record, keys[index])
+                bar.update()
     done: dict[str, list[dict[str, Any]]] = {}
     for name, (_, records) in runs.items():
         found = [records.get(key) for key in keys[: limit[name]]]
@@ -409,11 +437,12 @@ def summarize(
         speed["avg_exit_layer"] = sum(exit_layers) / len(exit_layers)
     correctness: dict[str, Any] = {"exact_claimed": method.exact}
     if greedy is not None:
-        references = [reference_of(r, g) for r, g in zip(records, greedy, strict=True) if g.get("error") is None]
-        g_tokens = sum(decode["num_tokens"] for decode in references)
-        g_seconds = sum(decode["wall_time_s"] for decode in references)
-        if g_tokens and tokens:
-            speed["speedup_vs_greedy"] = (g_seconds / g_tokens) / (seconds / tokens)
+        timed = timed_pairs(records, greedy)
+        m_tokens, m_seconds = sum(m["num_tokens"] for m, _ in timed), sum(m["wall_time_s"] for m, _ in timed)
+        g_tokens, g_seconds = sum(g["num_tokens"] for _, g in timed), sum(g["wall_time_s"] for _, g in timed)
+        if g_tokens and m_tokens:
+            speed["speedup_vs_greedy"] = (g_seconds / g_tokens) / (m_seconds / m_tokens)
+        speed["num_timed"] = len(timed)
         correctness.update(_compare(records, greedy))
     summary = {
         "num_samples": len(samples),
@@ -485,23 +514,41 @@ def intervals(
     return out
 
 
-def reference_of(record: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-    """The greedy run ``record``'s speed-up is paired with: the one re-run in its own round when greedy's stored
-    record came from an earlier run (``reference_decode``, see :func:`run_methods`), else the stored record's."""
-    return record.get("reference_decode") or baseline["decode"]
+def reference_of(record: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any] | None:
+    """The greedy run ``record``'s speed-up is paired with: the one timed in its own round (``reference_decode``,
+    see :func:`run_methods`; None past the timing sample: no pair). A record from before references were
+    recorded per round pairs with greedy's stored record, which was timed in that same round."""
+    if "reference_decode" in record:
+        return record["reference_decode"]
+    return baseline["decode"]
+
+
+def timed_pairs(
+    records: Sequence[dict[str, Any]],
+    baseline: Sequence[dict[str, Any]],
+    reference: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None] = reference_of,
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(method decode, reference decode) per sample both generated without error and with tokens, in order
+    (the shorter list's prefix); ``reference`` picks the reference decode of a (record, baseline record)."""
+    pairs = []
+    for r, b in zip(records, baseline, strict=False):
+        if r.get("error") is not None or b.get("error") is not None:
+            continue
+        ref = reference(r, b)
+        if ref is not None and r["decode"]["num_tokens"] * ref["num_tokens"]:
+            pairs.append((r["decode"], ref))
+    return pairs
 
 
 def paired_speedup(
-    records: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]], seed: int, rerun_reference: bool = True
+    records: Sequence[dict[str, Any]],
+    baseline: Sequence[dict[str, Any]],
+    seed: int,
+    reference: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None] = reference_of,
 ) -> Interval | None:
-    """The speed-up over ``baseline`` (time per token ratio) with its interval, prompt by prompt over the samples
-    both generated without error (the shorter record list's prefix); None when none did. Each record is paired
-    with :func:`reference_of` (a greedy re-run in its own round, if any) unless ``rerun_reference`` is False."""
-    timed = [
-        (r["decode"], reference_of(r, b) if rerun_reference else b["decode"])
-        for r, b in zip(records, baseline, strict=False)
-        if r.get("error") is None and b.get("error") is None and r["decode"]["num_tokens"] * b["decode"]["num_tokens"]
-    ]
+    """The speed-up over ``baseline`` (time per token ratio) with its interval, prompt by prompt over
+    :func:`timed_pairs`; None when there is none."""
+    timed = timed_pairs(records, baseline, reference)
     if not timed:
         return None
     return speedup_interval(
@@ -510,16 +557,32 @@ def paired_speedup(
     )
 
 
+def framework_reference_of(record: dict[str, Any], own_greedy: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The transformers greedy run a peer's record is paired with: the one timed in its round
+    (``framework_reference_decode``), else (a record from before those were recorded) ``hf_greedy``'s stored
+    record of the same sample and round, when given."""
+    if "framework_reference_decode" in record:
+        return record["framework_reference_decode"]
+    return None if own_greedy is None else own_greedy["decode"]
+
+
 def add_framework_speedup(
-    summary: dict[str, Any], records: Sequence[dict[str, Any]], own_greedy: Sequence[dict[str, Any]], seed: int
+    summary: dict[str, Any],
+    records: Sequence[dict[str, Any]],
+    own_greedy: Sequence[dict[str, Any] | None],
+    seed: int,
 ) -> None:
     """A peer's speed-up against its own framework's greedy decoding (``hf_greedy``), paired per sample.
 
     ``speedup_vs_greedy`` compares a transformers peer with exitbench's greedy decoding: what a user of the
     peer gets, engine and kernels included. ``speedup_vs_framework_greedy`` compares it with transformers'
-    own greedy ``generate()`` on the same prompts: the method's merit inside its framework.
+    own greedy ``generate()`` on the same prompts: the method's merit inside its framework. ``own_greedy``:
+    ``hf_greedy``'s stored records of the same samples (None where there is none), for older records only.
     """
-    interval = paired_speedup(records, own_greedy, seed, rerun_reference=False)  # the peer's own greedy, as stored
+    baseline = [{"error": None} if g is None else g for g in own_greedy]
+    interval = paired_speedup(
+        records, baseline, seed, lambda r, b: framework_reference_of(r, b if "decode" in b else None)
+    )
     if interval is None:
         return
     summary["speed"]["speedup_vs_framework_greedy"] = interval.estimate
@@ -587,15 +650,108 @@ def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
     return min(task_cfg.timing_samples or task_cfg.num_samples, task_cfg.num_samples)
 
 
+#: options naming a file evaluate writes beside a stage's results; a record's settings name the file, not its folder
+FILE_OPTIONS = ("draft_vocab_file", "calibration_file")
+
+
+def method_stages(cfg: Config) -> list[str]:
+    """The evaluation stages ``cfg`` runs, one per registered method its ``evaluate.methods`` labels name
+    (``early_exit@8`` and ``early_exit@15`` are both stage ``early_exit``), greedy's first: the reference."""
+    stages = [BASELINE]
+    for label in cfg.evaluate.methods:
+        if base_method(label) not in stages:
+            stages.append(base_method(label))
+    return stages
+
+
+def stage_labels(cfg: Config, stage: str, model: str, task: str) -> list[str]:
+    """The labels stage ``stage`` runs on (``model``, ``task``); the reference stage's begin with greedy."""
+    labels = [
+        label for label in cfg.evaluate.methods
+        if base_method(label) == stage and label != BASELINE and runs_on(cfg, label, model, task)
+    ]
+    return [BASELINE, *labels] if stage == BASELINE else labels
+
+
+def stage_dir(out_dir: Path, stage: str, model: str, task: str) -> Path:
+    """Where stage ``stage`` keeps its records and summaries of (``model``, ``task``): one folder per stage."""
+    return out_dir / stage / model / task
+
+
+def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options: dict[str, Any], chat: bool) -> str:
+    """The key of everything a stored record of ``label`` was made with (see :class:`RecordFile`)."""
+    settings = {
+        "model": ctx.model_key,
+        "code": method_code_identity(method_class(label))[:16],
+        "timing": timing_protocol(ctx.model.device.type),
+        "method": label,
+        "options": {key: Path(value).name if key in FILE_OPTIONS else value for key, value in options.items()},
+        "task": task.name,
+        "task_version": task.version,
+        "max_new_tokens": cfg.evaluate.tasks[task.name].max_new_tokens,
+        "dtype": cfg.base.dtype,
+        "device": cfg.base.device,
+        "chat_template": chat,
+        "seed": cfg.base.seed,
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def method_options(
+    cfg: Config, label: str, draft_vocab: Path | None, calibration: Path | None
+) -> dict[str, Any]:
+    """``evaluate.methods[label]`` with the files evaluate prepared for the options that take them."""
+    options = dict(cfg.evaluate.methods.get(label, {}))
+    fields = method_class(label).Options.model_fields
+    if draft_vocab is not None and "draft_vocab_file" in fields:
+        options["draft_vocab_file"] = str(draft_vocab)
+    if calibration is not None and "calibration_file" in fields:
+        options = {"calibration_file": str(calibration), **options}
+    return options
+
+
+def framework_greedy_label(cfg: Config, model: str, task: str) -> str | None:
+    """The ``hf_greedy`` label that runs on (``model``, ``task``), the transformers peers' own reference."""
+    return next(
+        (label for label in cfg.evaluate.methods
+         if base_method(label) == FRAMEWORK_GREEDY and runs_on(cfg, label, model, task)),
+        None,
+    )
+
+
 def evaluate_model_task(
     cfg: Config, ctx: EvalContext, task_name: str, data_dir: Path, out_dir: Path, shard: Shard | None = None
 ) -> dict[str, dict[str, Any]]:
-    """All methods on one (model, task); writes ``<out>/<model>/<task>/<method>.{jsonl,json}``.
+    """Every evaluation stage on one (model, task), greedy's first: what ``dvc repro`` runs stage by stage.
+    Returns each label's summary (rank 0's)."""
+    summaries: dict[str, dict[str, Any]] = {}
+    for stage in method_stages(cfg):
+        summaries.update(evaluate_stage(cfg, ctx, task_name, data_dir, out_dir, stage, shard))
+    return summaries
 
+
+def evaluate_stage(
+    cfg: Config,
+    ctx: EvalContext,
+    task_name: str,
+    data_dir: Path,
+    out_dir: Path,
+    stage: str,
+    shard: Shard | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Stage ``stage``'s labels on one (model, task); writes ``<out>/<stage>/<model>/<task>/<label>.{jsonl,json}``.
+
+    The reference stage (greedy) runs greedy on the quality sample. Every other stage reads greedy's records
+    (tokens and scores: exactness and quality are compared with them) and times greedy again in each round of
+    its timing sample, interleaved with its own methods, so every speed-up is a ratio of one process and minute
+    (:func:`run_methods` ``references``); a transformers peer is also timed against ``hf_greedy`` that way.
     Under a :class:`Shard` of several processes each generates its own samples, then (after the barrier) rank 0
     merges the records and writes the summaries, the same as one process's; the other ranks return nothing.
     """
     shard = shard or Shard()
+    labels = stage_labels(cfg, stage, ctx.name, task_name)
+    if not labels:
+        return {}
     task_cfg = cfg.evaluate.tasks[task_name]
     timing_samples = timing_sample_size(task_cfg)
     task = build_task(task_name, TaskSettings(cfg.base.seed, cfg.evaluate.sandbox_timeout_s))
@@ -603,79 +759,138 @@ def evaluate_model_task(
     chat = uses_chat_template(cfg, ctx.name, task_name)
     prompt_ids = [encode_prompt(ctx.tokenizer, s.prompt, chat) for s in samples]
     batch = TaskBatch(task, samples, prompt_ids, stop_rule(ctx.tokenizer, task), task_cfg.max_new_tokens, ctx.tokenizer)
-    methods = [BASELINE] + [m for m in cfg.evaluate.methods if m != BASELINE and runs_on(cfg, m, ctx.name, task_name)]
-    draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, out_dir / ctx.name / task_name)
-    calibration = calibration_for(methods, ctx, task, data_dir, out_dir / ctx.name / task_name)
-    target = out_dir / ctx.name / task_name
+    target = stage_dir(out_dir, stage, ctx.name, task_name)
+    takes = {field for label in labels for field in method_class(label).Options.model_fields}
+    draft_vocab = draft_vocab_for(cfg, ctx, task, batch.stop, data_dir, target) if "draft_vocab_file" in takes else None
+    calibration = calibration_for(labels, ctx, task, data_dir, target)
     runs: dict[str, tuple[DecodingMethod, RecordFile]] = {}
     options_of: dict[str, dict[str, Any]] = {}
-    for name in methods:
-        options = cfg.evaluate.methods.get(name, {})
-        if draft_vocab is not None and "draft_vocab_file" in method_class(name).Options.model_fields:
-            options = {**options, "draft_vocab_file": str(draft_vocab)}
-        if calibration is not None and "calibration_file" in method_class(name).Options.model_fields:
-            options = {"calibration_file": str(calibration), **options}
-        settings = {
-            "model": ctx.model_key,
-            "code": method_code_identity(method_class(name))[:16],
-            "timing": timing_protocol(ctx.model.device.type),
-            "method": name,
-            "options": options,
-            "task": task_name,
-            "task_version": task.version,
-            "max_new_tokens": task_cfg.max_new_tokens,
-            "dtype": cfg.base.dtype,
-            "device": cfg.base.device,
-            "chat_template": chat,
-            "seed": cfg.base.seed,
-        }
-        key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-        method = build_method(name, ctx.model, options, draft_model=ctx.draft)
-        runs[name] = (method, RecordFile(shard.records_path(target / f"{name}.jsonl"), key))
-        options_of[name] = options
-    limits = sample_limits({name: method for name, (method, _) in runs.items()}, len(samples), timing_samples)
+    for label in labels:
+        options = method_options(cfg, label, draft_vocab, calibration)
+        key = settings_key(cfg, ctx, task, label, options, chat)
+        method = build_method(label, ctx.model, options, draft_model=ctx.draft)
+        runs[label] = (method, RecordFile(shard.records_path(target / f"{label}.jsonl"), key))
+        options_of[label] = options
+    greedy_options = method_options(cfg, BASELINE, None, None)
+    greedy_key = settings_key(cfg, ctx, task, BASELINE, greedy_options, chat)
+    greedy = runs[BASELINE][0] if stage == BASELINE else build_method(BASELINE, ctx.model, greedy_options)
+    references: dict[str, dict[str, DecodingMethod]] = {
+        label: {"reference_decode": greedy} for label in labels if label != BASELINE
+    }
+    own_label = framework_greedy_label(cfg, ctx.name, task_name)
+    peers = [label for label in labels if runs[label][0].framework != "exitbench" and label != own_label]
+    if own_label is not None and peers:
+        own = build_method(own_label, ctx.model, method_options(cfg, own_label, None, None))
+        for label in peers:
+            references[label]["framework_reference_decode"] = own
+    limits = sample_limits({label: method for label, (method, _) in runs.items()}, len(samples), timing_samples)
     warm = ctx.model.device.type == "cuda"
+    run_args = {"references": references, "reference_limit": timing_samples, "warm_each_sample": warm}
     if shard.world > 1:
-        run_methods(runs, batch, f"{ctx.name}/{task_name} rank {shard.rank}", limits, shard, warm)
+        run_methods(runs, batch, f"{stage} {ctx.name}/{task_name} rank {shard.rank}", limits, shard, **run_args)
         shard.barrier()
         if shard.rank != 0:
             return {}
-        runs = {name: (method, merge_shards(shard, target / f"{name}.jsonl", records.key))
-                for name, (method, records) in runs.items()}
-    done = run_methods(runs, batch, f"{ctx.name}/{task_name}", limits, warm_each_sample=warm)
+        runs = {label: (method, merge_shards(shard, target / f"{label}.jsonl", records.key))
+                for label, (method, records) in runs.items()}
+    done = run_methods(runs, batch, f"{stage} {ctx.name}/{task_name}", limits, **run_args)
+    if stage == BASELINE:
+        greedy_records = done[BASELINE]
+    else:
+        greedy_records = stored_records(out_dir, BASELINE, BASELINE, ctx.name, batch, greedy_key, required=True)
+    own_stored: list[dict[str, Any] | None] = [None] * len(samples)
+    if own_label is not None and peers:  # only records from before the per-round framework reference need these
+        own_key = settings_key(cfg, ctx, task, own_label, method_options(cfg, own_label, None, None), chat)
+        own_stored = stored_records(out_dir, FRAMEWORK_GREEDY, own_label, ctx.name, batch, own_key, required=False)
     summaries: dict[str, dict[str, Any]] = {}
-    own_greedy = next((name for name in runs if base_method(name) == FRAMEWORK_GREEDY), None)
-    for name, (method, _) in runs.items():
-        summary = summarize(task, method, samples, done[name], done[BASELINE], is_baseline=name == BASELINE)
-        if method.framework != "exitbench" and own_greedy is not None and name != own_greedy:
-            add_framework_speedup(summary, done[name], done[own_greedy], cfg.base.seed)
-        summary.update(task=task_name, method=name, base_method=base_method(name), model=ctx.name)
-        summary.update(options=options_of[name], dtype=cfg.base.dtype, chat_template=chat)
+    for label, (method, _) in runs.items():
+        summary = summarize(task, method, samples, done[label], greedy_records, is_baseline=label == BASELINE)
+        if label in peers and own_label is not None:
+            add_framework_speedup(summary, done[label], own_stored, cfg.base.seed)
+        summary.update(task=task_name, method=label, base_method=base_method(label), model=ctx.name, stage=stage)
+        summary.update(options=options_of[label], dtype=cfg.base.dtype, chat_template=chat)
         if (memory := getattr(method, "extra_memory", lambda: None)()) is not None:
             summary["extra_memory"] = memory  # a separate draft model's weights and cache, beside the model
         summary["model_info"] = ctx.model_info
         summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
         summary["provenance"]["num_parameters"] = ctx.model_info["num_parameters"]
         summary["timing"] = timing_protocol(ctx.model.device.type)
-        atomic_write_json(target / f"{name}.json", summary)
-        summaries[name] = summary
+        atomic_write_json(target / f"{label}.json", summary)
+        summaries[label] = summary
     return summaries
 
 
+def stored_records(
+    out_dir: Path, stage: str, label: str, model: str, batch: TaskBatch, key: str, required: bool
+) -> list[dict[str, Any] | None]:
+    """Another stage's stored records of ``batch``'s samples (read only), in sample order, None where missing;
+    ``required``: every sample must have one (greedy's, which every method stage compares with)."""
+    path = stage_dir(out_dir, stage, model, batch.task.name) / f"{label}.jsonl"
+    records = RecordFile(path, key, writable=False)
+    found = [records.get(sample_key) for sample_key in batch.sample_keys]
+    missing = sum(record is None for record in found)
+    if required and missing:
+        raise ExitbenchError(
+            f"evaluate: {path} lacks {label}'s records of {missing} of {len(found)} samples under these settings; "
+            f"run `dvc repro evaluate@{stage}` first (every method stage compares with them)"
+        )
+    return [None if record is None else {**record, "index": i} for i, record in enumerate(found)]
+
+
 def evaluate_all(
-    cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path, shard: Shard | None = None
+    cfg: Config,
+    models_dir: Path,
+    data_dir: Path,
+    out_dir: Path,
+    shard: Shard | None = None,
+    stages: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The whole stage: every model x task x method in params.yaml's ``evaluate`` section (rows: rank 0's)."""
+    """Every model x task of params.yaml's ``evaluate`` section under ``stages`` (default: all of them, greedy's
+    first; rows: rank 0's)."""
     for name, options in cfg.evaluate.methods.items():  # fail fast on an unknown method or bad options
         parse_options(name, options)
     require_isolation(list(cfg.evaluate.tasks))
+    stages = method_stages(cfg) if stages is None else list(stages)
+    wanted = [
+        (model, task) for model in cfg.evaluate.models for task in cfg.evaluate.tasks
+        if any(stage_labels(cfg, stage, model, task) for stage in stages)
+    ]
     rows = []
-    for model_name in cfg.evaluate.models:
-        ctx = load_context(cfg, models_dir, model_name)
-        for task_name in cfg.evaluate.tasks:
-            for method, summary in evaluate_model_task(cfg, ctx, task_name, data_dir, out_dir, shard).items():
-                rows.append({"model": model_name, "task": task_name, "method": method, **summary["speed"]})
+    for model_name in dict.fromkeys(model for model, _ in wanted):
+        ctx = load_context(cfg, models_dir, model_name, stages)
+        for task_name in [task for model, task in wanted if model == model_name]:
+            for stage in stages:
+                summaries = evaluate_stage(cfg, ctx, task_name, data_dir, out_dir, stage, shard)
+                for method, summary in summaries.items():
+                    rows.append({"model": model_name, "task": task_name, "method": method, **summary["speed"]})
         del ctx
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows
+
+
+def stage_methods_used(cfg: Config, stage: str) -> list[str]:
+    """The labels stage ``stage`` builds: its own, greedy (the reference) and, for transformers peers, hf_greedy."""
+    own = [label for label in cfg.evaluate.methods if base_method(label) == stage]
+    used = [BASELINE, *own]
+    if any(method_class(label).framework != "exitbench" for label in own):
+        used += [label for label in cfg.evaluate.methods if base_method(label) == FRAMEWORK_GREEDY]
+    return list(dict.fromkeys(used))
+
+
+def stage_config_view(cfg: Config, stage: str) -> dict[str, Any]:
+    """Stage ``evaluate@<stage>``'s resolved config: the evaluate view with ``methods``, ``method_models`` and
+    ``method_tasks`` narrowed to the labels it builds, so another method's settings never re-run it."""
+    view = stage_view(cfg, "evaluate")
+    used = set(stage_methods_used(cfg, stage))
+    section = view["evaluate"]
+    for key in ("methods", "method_models", "method_tasks"):
+        section[key] = {label: value for label, value in section[key].items() if label in used}
+    return view
+
+
+def stage_code_view(cfg: Config, stage: str) -> dict[str, Any]:
+    """The code identity of every method stage ``stage`` builds (its module and what it imports of exitbench,
+    :func:`~exitbench.identity.method_code_identity`): its DVC dependency on exactly that code."""
+    used = stage_methods_used(cfg, stage) if stage in method_stages(cfg) else [stage]
+    return {base_method(label): method_code_identity(method_class(label)) for label in used}

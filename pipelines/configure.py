@@ -18,11 +18,14 @@ import json
 from pathlib import Path
 
 import torch
+import yaml
 
 from exitbench import config
 from exitbench.cli import run_stage
 from exitbench.data.io import atomic_write_text
 from exitbench.decoding import REGISTRY, method_class, parse_options
+from exitbench.errors import ExitbenchError
+from exitbench.evaluation import method_stages, stage_code_view, stage_config_view
 from exitbench.models.sources import check_hub_access
 from exitbench.plan import build_plan, hub_sources, render_plan, require_cuda
 from exitbench.tasks.registry import TASKS
@@ -32,9 +35,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--out", default="build/config")
+    parser.add_argument("--dvc-yaml", default="dvc.yaml", help="where the evaluate stages are listed")
     args = parser.parse_args()
     cfg = config.load(args.params)
     config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+    staged = evaluate_stage_names(Path(args.dvc_yaml))
+    check_method_stages(cfg, staged)
     for line in render_plan(cfg, build_plan(cfg, lambda label: method_class(label).exact)):
         print(line)
     require_cuda(cfg, torch.cuda.is_available())
@@ -47,7 +53,41 @@ def main() -> None:
     for variant in cfg.train.variants:
         view = config.train_variant_view(cfg, variant)
         atomic_write_text(out / f"train-{variant}.json", json.dumps(view, indent=2, sort_keys=True) + "\n")
+    write_method_configs(cfg, staged, out / "evaluate")
     print(f"configure: profile '{cfg.profile}' -> {out}/ ({len(config.STAGE_SECTIONS)} stages)")
+
+
+def evaluate_stage_names(dvc_yaml: Path) -> list[str]:
+    """The methods dvc.yaml evaluates: greedy (stage ``evaluate_greedy``) and the ``evaluate`` stage's ``foreach``
+    list; empty without a dvc.yaml."""
+    if not dvc_yaml.exists():
+        return []
+    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages", {})
+    names = stages.get("evaluate", {}).get("foreach", [])
+    return [*(["autoregressive"] if "evaluate_greedy" in stages else []), *(names if isinstance(names, list) else [])]
+
+
+def check_method_stages(cfg: config.Config, staged: list[str]) -> None:
+    """Every method params.yaml evaluates has its stage in dvc.yaml (when there is one): one line otherwise."""
+    if not staged:
+        return
+    for stage in method_stages(cfg):
+        if stage not in staged:
+            labels = ", ".join(label for label in cfg.evaluate.methods if label.split("@", 1)[0] == stage)
+            raise ExitbenchError(
+                f"evaluate.methods: {labels or stage} has no evaluation stage; add '{stage}' to the foreach list "
+                f"of the evaluate stage in dvc.yaml (stages there: {', '.join(staged)})"
+            )
+
+
+def write_method_configs(cfg: config.Config, staged: list[str], out: Path) -> None:
+    """``<out>/<method>.json`` (the stage's config) and ``<out>/<method>.code.json`` (the code identities of what it
+    builds) for every evaluate stage: a stage that this profile does not run gets its config too (it writes an
+    empty result), so that DVC finds every stage's dependencies."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stage in dict.fromkeys([*method_stages(cfg), *staged]):
+        for suffix, view in (("json", stage_config_view(cfg, stage)), ("code.json", stage_code_view(cfg, stage))):
+            atomic_write_text(out / f"{stage}.{suffix}", json.dumps(view, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

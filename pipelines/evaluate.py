@@ -1,4 +1,8 @@
-"""Stage `evaluate`: every model x task x method from params.yaml -> results/eval/<model>/<task>/<method>.json.
+"""Stage `evaluate@<method>`: one method's labels on every model x task -> results/eval/<method>/<model>/<task>/.
+
+``--method autoregressive`` is the reference stage (greedy on the quality sample); every other method's stage
+compares with greedy's records and times greedy again beside itself, sample by sample, in the same process
+(:func:`exitbench.evaluation.evaluate_stage`). ``<out>/<method>/stage.json`` lists what the stage evaluated.
 
 Sharded over several GPUs (or processes) with the same command under torchrun:
 ``torchrun --nproc_per_node 8 pipelines/evaluate.py ...``: each rank generates every method on its slice of
@@ -16,8 +20,10 @@ from transformers import AutoConfig
 
 from exitbench.cli import run_stage, set_threads
 from exitbench.config import EvaluateConfig, check_exit_layers, load_stage
+from exitbench.data.io import atomic_write_json
 from exitbench.decoding import parse_options
-from exitbench.evaluation import Shard, evaluate_all
+from exitbench.errors import ExitbenchError
+from exitbench.evaluation import Shard, evaluate_all, method_stages
 
 
 def check_method_exit_layers(evaluate: EvaluateConfig, models_dir: Path) -> None:
@@ -39,9 +45,10 @@ def check_method_exit_layers(evaluate: EvaluateConfig, models_dir: Path) -> None
 
 
 def remove_stale_summaries(out: Path, rows: list[dict]) -> list[Path]:
-    """Delete the summary JSONs under ``out`` that this run did not write (a method, task or model no longer in
-    params.yaml, or one from before a retrain), so the report and check read only this run's results. The
-    per-sample record files (``*.jsonl``) stay: they are the resumable store, keyed by settings and sample."""
+    """Delete the summary JSONs under ``out`` (one stage's folder) that this run did not write (a label, task or
+    model no longer in params.yaml, or one from before a retrain), so the report and check read only this run's
+    results. The per-sample record files (``*.jsonl``) stay: they are the resumable store, keyed by settings and
+    sample."""
     written = {out / row["model"] / row["task"] / f"{row['method']}.json" for row in rows}
     inputs = {"draft_vocab.json", "calibration.json"}  # what evaluate writes beside the summaries for methods
     stale = [path for path in sorted(out.glob("*/*/*.json")) if path not in written and path.name not in inputs]
@@ -68,20 +75,36 @@ def launched_shard(device: str) -> Shard:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default="build/config/evaluate.json")
+    parser.add_argument("--method", required=True, help="the registered method whose stage this is")
+    parser.add_argument("--config", help="default: build/config/evaluate/<method>.json")
     parser.add_argument("--models-dir", default="models")
     parser.add_argument("--data", default="data")
     parser.add_argument("--out", default="results/eval")
     args = parser.parse_args()
-    cfg = load_stage(args.config)
+    cfg = load_stage(args.config or f"build/config/evaluate/{args.method}.json")
     set_threads(cfg.base.threads)
+    stage_out = Path(args.out) / args.method
+    if args.method not in method_stages(cfg):
+        stage_out.mkdir(parents=True, exist_ok=True)
+        removed = remove_stale_summaries(stage_out, [])
+        atomic_write_json(stage_out / "stage.json", {"method": args.method, "labels": [], "rows": []})
+        print(f"evaluate@{args.method}: no evaluate.methods label of this profile names it; nothing to run"
+              + (f" ({len(removed)} old summaries removed)" if removed else ""))
+        return
+    for label, options in cfg.evaluate.methods.items():
+        try:
+            parse_options(label, options)
+        except ExitbenchError as err:
+            raise ExitbenchError(f"evaluate@{args.method}: evaluate.methods.{label}: {err}") from None
     check_method_exit_layers(cfg.evaluate, Path(args.models_dir))
     shard = launched_shard(cfg.base.device)
-    rows = evaluate_all(cfg, Path(args.models_dir), Path(args.data), Path(args.out), shard)
+    rows = evaluate_all(cfg, Path(args.models_dir), Path(args.data), Path(args.out), shard, stages=[args.method])
     if shard.rank != 0:
         return
-    for path in remove_stale_summaries(Path(args.out), rows):
-        print(f"evaluate: removed {path} (not part of this run's settings)")
+    for path in remove_stale_summaries(stage_out, rows):
+        print(f"evaluate@{args.method}: removed {path} (not part of this run's settings)")
+    labels = sorted({row["method"] for row in rows})
+    atomic_write_json(stage_out / "stage.json", {"method": args.method, "labels": labels, "rows": rows})
     for row in rows:
         speedup = row["speedup_vs_greedy"]
         shown = f"{speedup:.2f}x" if speedup is not None else "-"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from exitbench import config
-from exitbench.decoding import method_class
+from exitbench.decoding import base_method, method_class
 from exitbench.evaluation import FRAMEWORK_GREEDY, runs_on
 from exitbench.report.results import EVAL_INPUT_FILES
 
@@ -22,7 +22,7 @@ def expected_files(cfg: config.Config) -> list[Path]:
     for model in cfg.evaluate.models:
         for task in cfg.evaluate.tasks:
             files += [
-                Path(f"results/eval/{model}/{task}/{method}.json")
+                Path(f"results/eval/{base_method(method)}/{model}/{task}/{method}.json")
                 for method in cfg.evaluate.methods
                 if method == "autoregressive" or runs_on(cfg, method, model, task)
             ]
@@ -72,14 +72,15 @@ def output_problems(cfg: config.Config, root: Path = Path(".")) -> list[str]:
                 json.loads((root / path).read_text())
             except json.JSONDecodeError as err:
                 problems.append(f"{path} is not valid JSON ({err})")
-    for path in (root / "results/eval").glob("*/*/*.json"):
+    for path in (root / "results/eval").glob("*/*/*/*.json"):  # eval/<stage>/<model>/<task>/<label>.json
         if path.name in EVAL_INPUT_FILES:
             continue
         summary = json.loads(path.read_text())
         correctness = summary.get("correctness", {})
         if correctness.get("exact_claimed") and summary.get("dtype") == "float32" and correctness.get("num_mismatched"):
             problems.append(f"{path}: an exact method mismatched greedy in float32 ({correctness['num_mismatched']})")
-        own_greedy = path.with_name(f"{FRAMEWORK_GREEDY}.json")
+        own_greedy = path.parents[3] / FRAMEWORK_GREEDY / path.parent.parent.name / path.parent.name
+        own_greedy = own_greedy / f"{FRAMEWORK_GREEDY}.json"
         framework = method_class(summary["method"]).framework if summary.get("method") else "exitbench"
         if framework != "exitbench" and path != own_greedy and own_greedy.exists():
             if summary["speed"].get("speedup_vs_framework_greedy") is None:

@@ -1,5 +1,5 @@
-"""A method added after greedy's records were stored is timed against a greedy re-run in its own rounds
-(evaluation.run_methods ``reference_decode``), not against greedy's stored times from an earlier run."""
+"""A method's stage times greedy again in its own rounds (evaluation.run_methods ``reference_decode``) and pairs
+its speed-ups with those runs, never with greedy's stored times from another stage's process."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_an_added_method_is_paired_with_a_fresh_greedy_run(tiny_model, tmp_path)
     ctx = EvalContext("tiny", tiny_model, CharTokenizer(), None, "tinykey", {"num_parameters": 1})
     out = tmp_path / "eval"
     first = evaluate_model_task(config({"autoregressive": {}}), ctx, "topv2", data, out)
-    stored = out / "tiny" / "topv2" / "autoregressive.jsonl"
+    stored = out / "autoregressive" / "tiny" / "topv2" / "autoregressive.jsonl"
     records = [json.loads(line) for line in stored.read_text().splitlines()]
     for record in records:
         record["decode"]["wall_time_s"] *= SLOWER
@@ -35,7 +35,8 @@ def test_an_added_method_is_paired_with_a_fresh_greedy_run(tiny_model, tmp_path)
     second = evaluate_model_task(config(methods), ctx, "topv2", data, out)
     assert stored.read_text().count("\n") == len(records)  # greedy's stored records were reused, not regenerated
     assert second["autoregressive"]["quality"] == first["autoregressive"]["quality"]
-    added = [json.loads(line) for line in (out / "tiny" / "topv2" / "early_exit.jsonl").read_text().splitlines()]
+    added_store = out / "early_exit" / "tiny" / "topv2" / "early_exit.jsonl"
+    added = [json.loads(line) for line in added_store.read_text().splitlines()]
     assert len(added) == 4 and all(r["reference_decode"]["num_tokens"] > 0 for r in added)
     speedup = second["early_exit"]["speed"]["speedup_vs_greedy"]
     interval = second["early_exit"]["intervals"]["speedup_vs_greedy"]

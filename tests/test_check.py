@@ -246,7 +246,7 @@ def test_check_cli_writes_markdown_and_json(tmp_path: Path) -> None:
 def test_check_cli_broken_input_is_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results"
     shutil.copytree(FIXTURES, results)
-    path = results / "eval" / "base" / "topv2" / "autoregressive.json"
+    path = results / "eval" / "autoregressive" / "base" / "topv2" / "autoregressive.json"
     path.write_text(path.read_text().replace('"num_samples": 10', '"num_samples": -1'))
     code, _ = _cli(tmp_path, results)
     err = capsys.readouterr().err

@@ -176,7 +176,7 @@ def _summary(model: str, method: str, scores: list[float], *, options: dict[str,
 
 
 def _write(root: Path, summary: dict[str, Any], records: list[dict[str, Any]] | None = None) -> None:
-    target = root / "eval" / summary["model"] / summary["task"]
+    target = root / "eval" / summary["method"].split("@", 1)[0] / summary["model"] / summary["task"]
     target.mkdir(parents=True, exist_ok=True)
     (target / f"{summary['method']}.json").write_text(json.dumps(summary))
     if records is not None:
@@ -332,9 +332,10 @@ def test_sweep_bound_carries_the_sweeps_speed_up_and_acceptance_intervals(fake_r
 
 
 def test_missing_control_is_not_measured_and_never_replaced_by_base(fake_results: Path) -> None:
-    for path in sorted((fake_results / "eval" / "plain").rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
-    (fake_results / "eval" / "plain").rmdir()
+    for plain in (fake_results / "eval").glob("*/plain"):
+        for path in sorted(plain.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        plain.rmdir()
     got = _by_claim(fake_results)
     for claim_id in ("ls-claim-exit-quality-vs-control", "ls-claim-last-layer-cost"):
         (verdict,) = got[claim_id]
@@ -364,7 +365,7 @@ def test_intervals_fall_back_to_the_summaries_without_per_sample_records(fake_re
 
 
 def test_depth_outside_the_papers_range_is_not_measured(fake_results: Path) -> None:
-    path = fake_results / "eval" / "layerskip" / "topv2" / "self_speculative.json"
+    path = fake_results / "eval" / "self_speculative" / "layerskip" / "topv2" / "self_speculative.json"
     data = json.loads(path.read_text())
     data["options"]["exit_layer"] = 4  # 4/30 = 0.13 < the paper's 6/24 = 0.25
     path.write_text(json.dumps(data))

@@ -7,6 +7,7 @@ marker, the config schema, whose effect reaches stages through ``build/config``)
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,27 @@ def test_configure_depends_on_the_whole_params_file():
     """A key no `params:` entry lists (a typo, a new top-level section) still reruns configure, which rejects it."""
     deps = next(deps for name, _, deps in STAGES if name == "configure")
     assert "params.yaml" in deps
+
+
+def test_configure_depends_on_every_methods_code():
+    """configure writes each method's code identity (build/config/evaluate/<method>.code.json, what its evaluate stage
+    depends on): it must re-run whenever a file of any method's source closure changes."""
+    from exitbench.decoding import REGISTRY
+    from exitbench.identity import source_closure
+
+    deps = next(deps for name, _, deps in STAGES if name == "configure")
+    missing = set()
+    for cls in REGISTRY.values():
+        for file in source_closure(Path(inspect.getfile(cls))):
+            relative = file.relative_to(ROOT).as_posix()
+            if not any(relative == dep or relative.startswith(dep.rstrip("/") + "/") for dep in deps):
+                missing.add(relative)
+    assert not missing, f"configure does not depend on {sorted(missing)}, which methods' code identities cover"
+
+
+def test_every_registered_method_has_an_evaluate_stage():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    from exitbench.decoding import REGISTRY
+
+    staged = {"autoregressive", *stages["evaluate"]["foreach"]}
+    assert staged == set(REGISTRY), (staged - set(REGISTRY), set(REGISTRY) - staged)

@@ -21,6 +21,11 @@ from exitbench.stats import Interval
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "results"
+
+
+def eval_path(root: Path, model: str, task: str, label: str) -> Path:
+    """A summary's place: ``eval/<method stage>/<model>/<task>/<label>.json``."""
+    return root / "eval" / label.split("@", 1)[0] / model / task / f"{label}.json"
 PAPERS = load_replications(REPO / "replications")
 
 
@@ -322,7 +327,7 @@ def test_text_outputs_csv_and_metrics(tmp_path: Path) -> None:
 
 
 def test_malformed_result_file_is_one_clear_error(results_copy: Path) -> None:
-    path = results_copy / "eval" / "layerskip" / "topv2" / "self_speculative.json"
+    path = eval_path(results_copy, "layerskip", "topv2", "self_speculative")
     _edit(path, lambda d: d["speed"].update(time_per_token_ms="fast"))
     with pytest.raises(ExitbenchError) as err:
         load_results(results_copy)
@@ -334,9 +339,9 @@ def test_malformed_result_file_is_one_clear_error(results_copy: Path) -> None:
 @pytest.mark.parametrize(
     ("relative", "change", "expected"),
     [
-        ("eval/base/topv2/early_exit.json", lambda d: d.pop("correctness"), "'correctness' is missing"),
+        ("eval/early_exit/base/topv2/early_exit.json", lambda d: d.pop("correctness"), "'correctness' is missing"),
         (
-            "eval/base/topv2/early_exit.json",
+            "eval/early_exit/base/topv2/early_exit.json",
             lambda d: d.update(method="self_speculative"),
             "the path says 'early_exit'",
         ),
@@ -426,7 +431,7 @@ def test_a_draft_vocabulary_beside_the_summaries_is_not_a_result(results_copy: P
     from exitbench.report.results import load_evals
 
     before = len(load_evals(results_copy))
-    task_dir = next(path.parent for path in sorted((results_copy / "eval").glob("*/*/*.json")))
+    task_dir = next(path.parent for path in sorted((results_copy / "eval").glob("*/*/*/*.json")))
     (task_dir / "draft_vocab.json").write_text("[0, 1, 2]\n")
     assert len(load_evals(results_copy)) == before
 
@@ -458,7 +463,9 @@ def interval(estimate: float, low: float, high: float, n: int) -> dict:
 def add_contract_fields(root: Path) -> None:
     """Give ``layerskip/topv2`` the evaluate stage's intervals, sample ids and sample block (the contract), and an
     exit-layer instance ``early_exit@8``."""
-    topv2 = root / "eval" / "layerskip" / "topv2"
+    def topv2(label: str) -> Path:
+        return eval_path(root, "layerskip", "topv2", label)
+
     sample = {"seed": 1234, "strategy": "stratified", "num_samples": 10, "strata": {"alarm": 5, "weather": 5}}
 
     def greedy(d: dict) -> None:
@@ -496,10 +503,10 @@ def add_contract_fields(root: Path) -> None:
             },
         )
 
-    _edit(topv2 / "autoregressive.json", greedy)
-    _edit(topv2 / "early_exit.json", early)
-    _edit(topv2 / "self_speculative.json", speculative)
-    instance = json.loads((topv2 / "early_exit.json").read_text())
+    _edit(topv2("autoregressive"), greedy)
+    _edit(topv2("early_exit"), early)
+    _edit(topv2("self_speculative"), speculative)
+    instance = json.loads(topv2("early_exit").read_text())
     instance.update(
         method="early_exit@8",
         base_method="early_exit",
@@ -507,19 +514,20 @@ def add_contract_fields(root: Path) -> None:
         quality={"exact_match": 0.2},
         intervals={"exact_match": interval(0.2, 0.05, 0.4, 10)},
     )
-    (topv2 / "early_exit@8.json").write_text(json.dumps(instance))
+    topv2("early_exit@8").write_text(json.dumps(instance))
 
 
 def add_control(root: Path) -> None:
     """A ``plain`` model on topv2 (layerskip's files, other numbers, no intervals) and its probe."""
-    shutil.copytree(root / "eval" / "layerskip" / "topv2", root / "eval" / "plain" / "topv2")
-    for path in (root / "eval" / "plain" / "topv2").glob("*.json"):
-        _edit(path, lambda d: d.update(model="plain", intervals={}))
-    plain = root / "eval" / "plain" / "topv2"
-    (plain / "early_exit@8.json").unlink()
-    _edit(plain / "autoregressive.json", lambda d: d["quality"].update(exact_match=0.6))
-    _edit(plain / "early_exit.json", lambda d: d["quality"].update(exact_match=0.1))
-    _edit(plain / "self_speculative.json", lambda d: d["speed"].update(acceptance_rate=0.2))
+    for label in ("autoregressive", "early_exit", "self_speculative"):
+        source, target = (eval_path(root, model, "topv2", label).parent for model in ("layerskip", "plain"))
+        shutil.copytree(source, target)
+        for path in eval_path(root, "plain", "topv2", label).parent.glob("*.json"):
+            _edit(path, lambda d: d.update(model="plain", intervals={}))
+    eval_path(root, "plain", "topv2", "early_exit@8").unlink(missing_ok=True)
+    _edit(eval_path(root, "plain", "topv2", "autoregressive"), lambda d: d["quality"].update(exact_match=0.6))
+    _edit(eval_path(root, "plain", "topv2", "early_exit"), lambda d: d["quality"].update(exact_match=0.1))
+    _edit(eval_path(root, "plain", "topv2", "self_speculative"), lambda d: d["speed"].update(acceptance_rate=0.2))
     probe = json.loads((root / "probe" / "layerskip.json").read_text())
     probe["model"] = "plain"
     probe["texts"]["topv2"]["top1_agreement"] = [0.05] * 30
@@ -667,7 +675,7 @@ def test_comparison_without_the_control_says_so(tmp_path: Path) -> None:
 def test_exact_method_timed_on_fewer_samples_reports_greedys_quality(results_copy: Path, tmp_path: Path) -> None:
     add_contract_fields(results_copy)
     _edit(
-        results_copy / "eval" / "layerskip" / "topv2" / "self_speculative.json",
+        eval_path(results_copy, "layerskip", "topv2", "self_speculative"),
         lambda d: d.update(
             quality={},
             quality_from="autoregressive (exact method; measured on the timing sample of 4)",

@@ -99,7 +99,7 @@ def test_a_second_mirror_is_evaluated_on_its_own_rows(tiny_model, tmp_path, gene
     prompts = {tuple(ctx.tokenizer(rows_b[i]["utterance"] + "\n")["input_ids"]) for i in ids}
     assert set(generated) == prompts  # the second mirror's utterances, each generated afresh
     assert len(generated) == len(METHODS) * NUM_SAMPLES  # no record of the first mirror reused
-    written = json.loads((out / "tiny" / "topv2" / "autoregressive.json").read_text())
+    written = json.loads((out / "autoregressive" / "tiny" / "topv2" / "autoregressive.json").read_text())
     assert written["sample_ids"] == ids
 
     generated.clear()

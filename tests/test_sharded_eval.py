@@ -5,6 +5,7 @@ torchrun it is a gloo barrier, pipelines/evaluate.py), so the test is about the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from exitbench.config import DataConfig, resolve
 from exitbench.data.prepare import prepare_data
@@ -27,19 +28,22 @@ def test_two_shards_merge_into_the_single_process_summary(tiny_model, tmp_path):
     out = tmp_path / "sharded"
     met: list[int] = []
     assert evaluate_model_task(cfg, ctx, "topv2", data, out, Shard(1, 2, barrier=lambda: met.append(1))) == {}
-    part = out / "tiny" / "topv2" / "autoregressive.rank1-of-2.jsonl"
+    def where(method: str, root: Path = out) -> Path:
+        return root / method / "tiny" / "topv2"
+
+    part = where("autoregressive") / "autoregressive.rank1-of-2.jsonl"
     indices = sorted(json.loads(line)["index"] for line in part.read_text().splitlines())
-    assert indices == [1, 3, 5] and not (out / "tiny" / "topv2" / "autoregressive.json").exists()
-    timed = out / "tiny" / "topv2" / "self_speculative.rank1-of-2.jsonl"
+    assert indices == [1, 3, 5] and not (where("autoregressive") / "autoregressive.json").exists()
+    timed = where("self_speculative") / "self_speculative.rank1-of-2.jsonl"
     assert sorted(json.loads(line)["index"] for line in timed.read_text().splitlines()) == [1, 3]  # 5 timing samples
 
     merged = evaluate_model_task(cfg, ctx, "topv2", data, out, Shard(0, 2, barrier=lambda: met.append(0)))
-    assert met == [1, 0]
-    assert not list((out / "tiny" / "topv2").glob("*.rank*"))  # merged into <method>.jsonl
+    assert met == [1] * len(METHODS) + [0] * len(METHODS)  # one barrier per method stage
+    assert not list(out.glob("*/tiny/topv2/*.rank*"))  # merged into <method>.jsonl
     for method in METHODS:
         assert comparable(merged[method]) == comparable(whole[method])
-        mine = [r["tokens"] for r in map(json.loads, (out / "tiny/topv2" / f"{method}.jsonl").read_text().splitlines())]
-        theirs = [r["tokens"] for r in map(json.loads, (tmp_path / "one/tiny/topv2" / f"{method}.jsonl").read_text()
-                                           .splitlines())]
+        mine = [r["tokens"] for r in map(json.loads, (where(method) / f"{method}.jsonl").read_text().splitlines())]
+        theirs = [r["tokens"] for r in map(json.loads, (where(method, tmp_path / "one") / f"{method}.jsonl")
+                                           .read_text().splitlines())]
         assert sorted(map(tuple, mine)) == sorted(map(tuple, theirs))
     assert merged["self_speculative"]["correctness"]["num_compared"] == 5

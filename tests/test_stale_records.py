@@ -68,19 +68,20 @@ def test_changing_one_prompt_regenerates_exactly_that_sample(ctx, tmp_path, coun
     first = write_mirror(tmp_path / "mirror_a", ["wake me at six", "set alarm", "show alarms", "stop alarm"])
     out = tmp_path / "eval"
     evaluate_model_task(cfg, ctx, "topv2", first, out)
-    assert len(count_generations) == 2 * 4
+    assert len(count_generations) == 3 * 4  # greedy; then greedy re-timed beside self-speculation, and it
     count_generations.clear()
     evaluate_model_task(cfg, ctx, "topv2", first, out)  # same data: everything reused
     assert count_generations == []
     second = write_mirror(tmp_path / "mirror_b", ["wake me at six", "set alarm", "delete my alarms", "stop alarm"])
     summaries = evaluate_model_task(cfg, ctx, "topv2", second, out)
     changed = tuple(ctx.tokenizer("delete my alarms\n")["input_ids"])
-    assert sorted(count_generations) == [("Autoregressive", changed), ("SelfSpeculative", changed)]
-    records = [json.loads(line) for line in (out / "tiny" / "topv2" / "autoregressive.jsonl").read_text().splitlines()]
+    assert sorted(count_generations) == [("Autoregressive", changed)] * 2 + [("SelfSpeculative", changed)]
+    greedy_store = out / "autoregressive" / "tiny" / "topv2" / "autoregressive.jsonl"
+    records = [json.loads(line) for line in greedy_store.read_text().splitlines()]
     assert len(records) == 5  # the old sample 2's record stays for when mirror A comes back
     count_generations.clear()
     fresh = evaluate_model_task(cfg, ctx, "topv2", second, tmp_path / "empty")
-    assert len(count_generations) == 2 * 4
+    assert len(count_generations) == 3 * 4
     for method in ("autoregressive", "self_speculative"):
         assert summaries[method]["quality"] == fresh[method]["quality"]
         assert summaries[method]["correctness"] == fresh[method]["correctness"]

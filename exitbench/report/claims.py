@@ -12,7 +12,7 @@ files; the paper's side is a band read from the replication rows (:func:`claim_b
   never compared with the untrained base instead.
 
 Intervals, best first: the evaluate summary's own (``intervals``); a paired bootstrap
-(:mod:`exitbench.stats`) over the per-sample records ``results/eval/<model>/<task>/<method>.jsonl`` on the
+(:mod:`exitbench.stats`) over the per-sample records ``results/eval/<stage>/<model>/<task>/<method>.jsonl`` on the
 sample ids both sides share; the two summaries' intervals combined conservatively (interval arithmetic);
 the point estimate alone, said in the note. Mismatch counts get a Clopper-Pearson interval
 (``scipy.stats.binomtest``), CALM test risks Hoeffding's bound for a mean of values in [0, 1].
@@ -45,7 +45,7 @@ from exitbench.report.check import (
     incomparability,
     our_setting_of_eval,
 )
-from exitbench.report.results import EvalResult, Results, SweepRow, memory_text
+from exitbench.report.results import EvalResult, Results, SweepRow, eval_records_path, memory_text
 from exitbench.stats import CONFIDENCE, Interval, mean_interval, paired_interval, ratio_interval, speedup_interval
 
 _EDGE = 1e-9  # floating-point slack so that exactly-at-the-edge counts as inside
@@ -122,7 +122,7 @@ class Records:
         self._cache: dict[str, dict[str, dict[str, Any]] | None] = {}
 
     def of(self, result: EvalResult) -> dict[str, dict[str, Any]] | None:
-        path = self.root / "eval" / result.model / result.task / f"{result.method}.jsonl"
+        path = eval_records_path(self.root, result)
         if str(path) not in self._cache:
             self._cache[str(path)] = self._select(result, _read_records(path))
         return self._cache[str(path)]

@@ -85,7 +85,7 @@ def memory_text(memory: dict[str, Any]) -> str:
 
 
 class EvalResult(_Lenient):
-    """``results/eval/<model>/<task>/<method>.json``."""
+    """``results/eval/<method stage>/<model>/<task>/<label>.json``."""
 
     task: str
     method: str
@@ -392,12 +392,19 @@ def _parse(model: type[Model], path: Path, root: Path) -> Model:
 
 def _check_path_matches(result: EvalResult, path: Path) -> None:
     expected = {"model": path.parent.parent.name, "task": path.parent.name, "method": path.stem}
+    expected["stage"] = path.parent.parent.parent.name
     for key, value in expected.items():
-        if getattr(result, key) != value:
+        found = result.family if key == "stage" else getattr(result, key)
+        if found != value:
             raise ExitbenchError(
-                f"{path}: '{key}' is {getattr(result, key)!r} but the path says {value!r} "
-                "(expected eval/<model>/<task>/<method>.json)"
+                f"{path}: '{key}' is {found!r} but the path says {value!r} "
+                "(expected eval/<method's stage>/<model>/<task>/<method>.json)"
             )
+
+
+def eval_records_path(root: Path, result: EvalResult) -> Path:
+    """The per-sample records beside an evaluate summary."""
+    return root / "eval" / result.family / result.model / result.task / f"{result.method}.jsonl"
 
 
 #: inputs evaluate keeps beside the summaries (a draft sub-vocabulary, calibration text), not results
@@ -406,7 +413,7 @@ EVAL_INPUT_FILES = frozenset({"draft_vocab.json", "calibration.json"})
 
 def load_evals(root: Path) -> tuple[EvalResult, ...]:
     results = []
-    for path in sorted((root / "eval").glob("*/*/*.json")):
+    for path in sorted((root / "eval").glob("*/*/*/*.json")):  # eval/<stage>/<model>/<task>/<label>.json
         if path.name in EVAL_INPUT_FILES:
             continue
         result = _parse(EvalResult, path, root)
