@@ -114,3 +114,25 @@ def test_every_registered_method_has_an_evaluate_stage():
 
     staged = {"autoregressive", *stages["evaluate"]["foreach"]}
     assert staged == set(REGISTRY), (staged - set(REGISTRY), set(REGISTRY) - staged)
+
+
+def test_a_method_module_that_fails_to_import_is_one_line_and_leaves_the_others(tmp_path):
+    """A broken method module: the package still imports, the other methods work, and asking for the broken one
+    names its module and error in one line (configure and its own stage stop there; the others run)."""
+    import subprocess
+    import sys
+
+    broken = ROOT / "exitbench" / "decoding" / "zz_broken_method.py"
+    broken.write_text("raise RuntimeError('half-written module')\n")
+    try:
+        code = (
+            "from exitbench.decoding import REGISTRY, method_class\n"
+            "assert 'self_speculative' in REGISTRY\n"
+            "method_class('zz_broken_method@2')\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    finally:
+        broken.unlink()
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0
+    assert "zz_broken_method.py failed to import (RuntimeError: half-written module)" in last, last

@@ -142,8 +142,6 @@ class DecodingMethod:
 
 
 REGISTRY: dict[str, type[DecodingMethod]] = {}
-#: method modules of :mod:`exitbench.decoding` that failed to import: module name -> the error
-BROKEN_MODULES: dict[str, str] = {}
 
 
 def register(cls: type[DecodingMethod]) -> type[DecodingMethod]:
@@ -164,11 +162,6 @@ def method_class(name: str) -> type[DecodingMethod]:
     """The registered class of a method name or label (see :func:`base_method`)."""
     base = base_method(name)
     if base not in REGISTRY:
-        if base in BROKEN_MODULES:
-            raise ExitbenchError(
-                f"decoding method '{name}': its module exitbench/decoding/{base}.py failed to import "
-                f"({BROKEN_MODULES[base]}); fix the module, or remove '{name}' from params.yaml"
-            )
         raise ExitbenchError(f"unknown decoding method '{name}'; registered: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[base]
 
