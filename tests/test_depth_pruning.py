@@ -87,14 +87,18 @@ def test_bad_settings_are_one_clear_error(tiny_model, tmp_path):
         build_method("depth_pruning", tiny_model, missing).generate(prompts()[0], 2)
 
 
+def char_ids(text, add_special_tokens=False):
+    """A tokenizer's call with one token per character."""
+    return {"input_ids": [ord(char) for char in text]}
+
+
 def test_task_calibration_is_train_text_only(tmp_path):
     from exitbench.subvocab import write_task_calibration
     from exitbench.tasks.registry import build_task
 
     task = build_task("topv2")
 
-    def tokenizer(text, add_special_tokens=False):
-        return {"input_ids": [ord(char) for char in text]}
+    tokenizer = char_ids
 
     assert write_task_calibration(task, tmp_path, tokenizer, 4, tmp_path / "c.json") is None  # no train split
     (tmp_path / "topv2").mkdir()
@@ -112,8 +116,7 @@ def test_a_task_without_a_train_split_calibrates_on_its_corpus_never_its_test_ro
 
     task = build_task("humaneval")
 
-    def tokenizer(text, add_special_tokens=False):
-        return {"input_ids": [ord(char) for char in text]}
+    tokenizer = char_ids
 
     assert write_task_calibration(task, tmp_path, tokenizer, 4, tmp_path / "c.json") is None  # no corpus either
     (tmp_path / "humaneval").mkdir()
