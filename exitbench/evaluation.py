@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from exitbench.config import Config, TaskEvalConfig, stage_view
-from exitbench.data.io import atomic_write_json, read_jsonl
+from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import StopRule, base_method, build_method, method_class, parse_options
 from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
@@ -629,12 +630,36 @@ def draft_vocab_for(
 CALIBRATION_ROWS = 32  # train-split examples written for methods with a ``calibration_file`` option
 
 
+#: prepared training corpora (``<data>/<corpus>/train.jsonl``, rows with "text") that stand in for a task's train
+#: split where it has none, as calibration text: HumanEval's is the code corpus (MBPP's non-test problems and pinned
+#: wheels' source, checked to hold no HumanEval problem)
+CALIBRATION_CORPORA = {"humaneval": "code"}
+CORPUS_TOKENS = 512  # a corpus document's first tokens (a whole library module can run to 10k)
+
+
 def calibration_for(methods: list[str], ctx: EvalContext, task: Task, data_dir: Path, target_dir: Path) -> Path | None:
-    """The task's calibration text (token-id lists of train examples) when one of ``methods`` takes a
-    ``calibration_file`` and the task has a train split; else None."""
+    """The task's calibration text (token-id lists of train examples, or of its :data:`CALIBRATION_CORPORA`
+    corpus without a train split) when one of ``methods`` takes a ``calibration_file``; else None."""
     if not any("calibration_file" in method_class(name).Options.model_fields for name in methods):
         return None
-    return write_task_calibration(task, data_dir, ctx.tokenizer, CALIBRATION_ROWS, target_dir / "calibration.json")
+    target = target_dir / "calibration.json"
+    written = write_task_calibration(task, data_dir, ctx.tokenizer, CALIBRATION_ROWS, target)
+    if written is not None or task.name not in CALIBRATION_CORPORA:
+        return written
+    return write_corpus_calibration(data_dir / CALIBRATION_CORPORA[task.name] / "train.jsonl", ctx.tokenizer,
+                                    CALIBRATION_ROWS, task.settings.seed, target)
+
+
+def write_corpus_calibration(corpus: Path, tokenizer: Any, rows: int, seed: int, target: Path) -> Path | None:
+    """``rows`` documents of ``corpus`` (a seeded shuffle, each cut to :data:`CORPUS_TOKENS` tokens) as a JSON list
+    of token-id lists at ``target``; None when the corpus is not there."""
+    if not corpus.exists():
+        return None
+    documents = sorted(read_jsonl(corpus), key=lambda row: str(row.get("id", "")))
+    random.Random(seed).shuffle(documents)
+    texts = [str(row["text"]) for row in documents[:rows]]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"][:CORPUS_TOKENS] for text in texts]
+    return atomic_write_text(target, json.dumps(ids) + "\n")
 
 
 def runs_on(cfg: Config, method: str, model: str, task: str) -> bool:

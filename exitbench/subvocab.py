@@ -8,7 +8,6 @@ token the output stays exact (only acceptance can drop, when the right token is 
 from __future__ import annotations
 
 import json
-import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -18,7 +17,6 @@ from exitbench.data.io import atomic_write_text, read_jsonl
 from exitbench.tasks.registry import Task
 
 MAX_VOCAB_ROWS = 20_000  # training rows counted for a draft sub-vocabulary
-CORPUS_TOKENS = 512  # a calibration corpus document's first tokens (a whole library module can be 10k)
 
 
 def frequent_token_ids(token_lists: Iterable[Sequence[int]], size: int, always: Iterable[int] = ()) -> list[int]:
@@ -64,18 +62,10 @@ def write_task_calibration(
 ) -> Path | None:
     """Write ``rows`` seeded train-split examples of the task (prompt + reference, never test data) as a JSON
     list of token-id lists to ``target``: calibration text for a method that chooses something on it
-    (depth pruning's block). A task without a train split uses its ``calibration_corpus`` (the first ``rows``
-    documents of a seeded shuffle); None when it has neither."""
+    (depth pruning's block); None when there is no train split."""
     path = task_train_path(task, data_dir)
     if not path.exists():
-        corpus = Path(data_dir) / task.calibration_corpus / "train.jsonl" if task.calibration_corpus else None
-        if corpus is None or not corpus.exists():
-            return None
-        documents = sorted(read_jsonl(corpus), key=lambda row: str(row.get("id", "")))
-        random.Random(task.settings.seed).shuffle(documents)
-        texts = [str(row["text"]) for row in documents[:rows]]
-        ids = [tokenizer(text, add_special_tokens=False)["input_ids"][:CORPUS_TOKENS] for text in texts]
-        return atomic_write_text(Path(target), json.dumps(ids) + "\n")
+        return None
     train_rows = list(read_jsonl(path))[:MAX_VOCAB_ROWS]
     load_missing_context(task, data_dir)
     texts = [sample.prompt + sample.reference for sample in task.samples(train_rows, min(rows, len(train_rows)))]

@@ -111,22 +111,22 @@ def test_task_calibration_is_train_text_only(tmp_path):
 
 
 def test_a_task_without_a_train_split_calibrates_on_its_corpus_never_its_test_rows(tmp_path):
-    from exitbench.subvocab import CORPUS_TOKENS, write_task_calibration
+    from types import SimpleNamespace
+
+    from exitbench.evaluation import CORPUS_TOKENS, calibration_for
     from exitbench.tasks.registry import build_task
 
     task = build_task("humaneval")
-
-    tokenizer = char_ids
-
-    assert write_task_calibration(task, tmp_path, tokenizer, 4, tmp_path / "c.json") is None  # no corpus either
+    ctx = SimpleNamespace(tokenizer=char_ids)
+    assert calibration_for(["depth_pruning@4"], ctx, task, tmp_path, tmp_path / "a") is None  # no corpus either
     (tmp_path / "humaneval").mkdir()
     (tmp_path / "humaneval" / "test.jsonl").write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "TEST"}) + "\n")
     (tmp_path / "code").mkdir()
-    docs = [{"id": f"mbpp/{i}", "text": f"def f{i}(): return {i}\n" * (1 if i else 200)} for i in range(6)]
+    docs = [{"id": f"mbpp/{i}", "text": f"def f{i}(): return {i}\n" * (1 if i else 200)} for i in range(40)]
     (tmp_path / "code" / "train.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in docs))
-    first = json.loads(write_task_calibration(task, tmp_path, tokenizer, 4, tmp_path / "c.json").read_text())
-    again = json.loads(write_task_calibration(task, tmp_path, tokenizer, 4, tmp_path / "d.json").read_text())
-    assert first == again and len(first) == 4 and all(0 < len(seq) <= CORPUS_TOKENS for seq in first)
+    first = json.loads(calibration_for(["depth_pruning@4"], ctx, task, tmp_path, tmp_path / "a").read_text())
+    again = json.loads(calibration_for(["depth_pruning@4"], ctx, task, tmp_path, tmp_path / "b").read_text())
+    assert first == again and len(first) == 32 and all(0 < len(seq) <= CORPUS_TOKENS for seq in first)
     texts = ["".join(map(chr, seq)) for seq in first]
     assert all(text.startswith("def f") and "TEST" not in text for text in texts)
 

@@ -41,9 +41,6 @@ class Task:
     primary_metric: ClassVar[str] = ""
     version: ClassVar[int] = 1  # bump when prompts or scoring change
     context_splits: ClassVar[tuple[str, ...]] = ()  # other splits the prompts draw on (few-shot examples)
-    # a prepared training corpus (``<data>/<name>/train.jsonl``, rows with "text") that stands in for a train split
-    # where the task has none: calibration text for methods that choose something on it (depth pruning's block)
-    calibration_corpus: ClassVar[str | None] = None
     runs_generated_code: ClassVar[bool] = False  # scoring executes the model's output (in the sandbox)
     id_field: ClassVar[str] = "id"  # the row field holding its stable id (sample ids are never indices)
     stratum_field: ClassVar[str] = ""  # the row field the sample is stratified by ("" = one stratum)

@@ -49,7 +49,6 @@ class HumanEval(Task):
     primary_metric = "pass@1"
     runs_generated_code = True
     id_field = "task_id"
-    calibration_corpus = "code"  # MBPP's non-test problems and pinned wheels' source (no HumanEval problem)
     version = 3  # 2: completion cut at the next top-level statement, `parses` metric, seeded sample; 3: prompt rstrip
 
     def make_sample(self, index: int, row: dict[str, Any]) -> Sample:
