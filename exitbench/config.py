@@ -195,6 +195,12 @@ class TaskEvalConfig(Section):
         description="exact methods (those whose outputs equal greedy's by construction) run on the first N of the "
         "quality sample (at most num_samples), 0 = all",
     )
+    reference_samples: int = Field(
+        0,
+        ge=0,
+        description="speed-ups pair a method with greedy re-timed in the same round on the first N of the timing "
+        "sample (at most timing_samples), 0 = the whole timing sample; exactness is checked on the whole of it",
+    )
 
 
 class EvaluateConfig(Section):
@@ -217,6 +223,12 @@ class EvaluateConfig(Section):
         {},
         description="method label -> the tasks (of evaluate.tasks) it runs on, e.g. a paper's (E, d) per task; a "
         "method not named runs on every task (greedy decoding always does)",
+    )
+    method_samples: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        {},
+        description="method label -> at most N samples of each task's sample (a prefix of it, so still stratified), "
+        "e.g. a lossy method whose quality is far from greedy's at a smaller N; a method not named runs on its "
+        "default sample (greedy and lossy methods the quality sample, exact methods the timing sample)",
     )
     chat_template: bool = False
     chat_template_models: dict[str, list[str]] = Field(
@@ -717,6 +729,17 @@ def check_references(
                     f"({', '.join(cfg.evaluate.methods)}); add it there or remove it here"
                 )
             _check_known(where, f"evaluate.{field}.{label}", kind, names, allowed, f"in evaluate.{kind}s")
+    for label in cfg.evaluate.method_samples:
+        if label == "autoregressive":
+            raise ExitbenchError(
+                f"{where}: evaluate.method_samples: '{label}': greedy decoding runs on the whole quality sample "
+                "(every method is compared with it); remove it here, or lower evaluate.tasks.<task>.num_samples"
+            )
+        if label not in cfg.evaluate.methods:
+            raise ExitbenchError(
+                f"{where}: evaluate.method_samples: '{label}' is not in evaluate.methods "
+                f"({', '.join(cfg.evaluate.methods)}); add it there or remove it here"
+            )
     for key in ("evaluate.methods", "throughput.methods"):
         for name, options in _get(cfg, key).items():
             try:

@@ -675,6 +675,18 @@ def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
     return min(task_cfg.timing_samples or task_cfg.num_samples, task_cfg.num_samples)
 
 
+def reference_sample_size(task_cfg: TaskEvalConfig) -> int:
+    """How many samples of the timing sample re-time greedy beside a method (its speed-ups pair over them):
+    ``reference_samples`` capped at the timing sample (0 = all of it)."""
+    timing = timing_sample_size(task_cfg)
+    return min(task_cfg.reference_samples or timing, timing)
+
+
+def capped_limits(limits: Mapping[str, int], method_samples: Mapping[str, int]) -> dict[str, int]:
+    """``limits`` with each label named in ``evaluate.method_samples`` held to at most its own count."""
+    return {label: min(limit, method_samples.get(label, limit)) for label, limit in limits.items()}
+
+
 #: options naming a file evaluate writes beside a stage's results; a record's settings name the file, not its folder
 FILE_OPTIONS = ("draft_vocab_file", "calibration_file")
 
@@ -809,8 +821,9 @@ def evaluate_stage(
         for label in peers:
             references[label]["framework_reference_decode"] = own
     limits = sample_limits({label: method for label, (method, _) in runs.items()}, len(samples), timing_samples)
+    limits = capped_limits(limits, cfg.evaluate.method_samples)
     warm = ctx.model.device.type == "cuda"
-    run_args = {"references": references, "reference_limit": timing_samples, "warm_each_sample": warm}
+    run_args = {"references": references, "reference_limit": reference_sample_size(task_cfg), "warm_each_sample": warm}
     if shard.world > 1:
         run_methods(runs, batch, f"{stage} {ctx.name}/{task_name} rank {shard.rank}", limits, shard, **run_args)
         shard.barrier()
@@ -904,12 +917,13 @@ def stage_methods_used(cfg: Config, stage: str) -> list[str]:
 
 
 def stage_config_view(cfg: Config, stage: str) -> dict[str, Any]:
-    """Stage ``evaluate@<stage>``'s resolved config: the evaluate view with ``methods``, ``method_models`` and
-    ``method_tasks`` narrowed to the labels it builds, so another method's settings never re-run it."""
+    """Stage ``evaluate@<stage>``'s resolved config: the evaluate view with ``methods``, ``method_models``,
+    ``method_tasks`` and ``method_samples`` narrowed to the labels it builds, so another method's settings never
+    re-run it."""
     view = stage_view(cfg, "evaluate")
     used = set(stage_methods_used(cfg, stage))
     section = view["evaluate"]
-    for key in ("methods", "method_models", "method_tasks"):
+    for key in ("methods", "method_models", "method_tasks", "method_samples"):
         section[key] = {label: value for label, value in section[key].items() if label in used}
     return view
 

@@ -99,6 +99,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
                 ):
                     continue
                 count = t.num_samples if label == "autoregressive" or not is_exact(label) else timing
+                count = min(count, ev.method_samples.get(label, count))
                 generated += count * t.max_new_tokens
                 prompts += count
                 prompt_tokens += count * PROMPT_TOKENS.get(task, 200)
