@@ -42,6 +42,9 @@ MARKERS = {
     "prompt_lookup": "X",
     "hf_prompt_lookup": "x",
     "speculative": "P",
+    "adaptive_self_speculative": "*",
+    "layer_skip_draft": "<",
+    "depth_pruning": "d",
     "calm": "D",
 }
 LINESTYLES = ("-", "--", ":", "-.")

@@ -40,6 +40,9 @@ METHOD_ORDER = (
     "prompt_lookup",
     "hf_prompt_lookup",
     "speculative",
+    "adaptive_self_speculative",
+    "layer_skip_draft",
+    "depth_pruning",
     "calm",
 )
 NOT_RUN = "_not run in this profile (no result files)._"
