@@ -585,15 +585,21 @@ def last_layer_cost(ctx: _Ctx) -> list[ClaimVerdict]:
 
 
 def exactness(ctx: _Ctx) -> list[ClaimVerdict]:
-    """Sequences that differ from the same model's greedy output, pooled over tasks, per model."""
+    """Sequences that differ from the same model's greedy output, pooled over tasks, per model the method ran on
+    (a profile may run a method on some models only: ``evaluate.method_models``); ``not measured`` for a model the
+    claim names, or when the method ran on none."""
     m = ctx.claim.maps_to
     value = ctx.claim.paper.value or 0.0
     out = []
-    for model in ctx.models():
+    models = ctx.models()
+    ran = [model for model in models if ctx.evals(model, m.method)]
+    for model in models:
         if (missing := ctx.missing(model)) is not None:
             out.append(missing)
             continue
         found = [r for r in ctx.evals(model, m.method) if r.correctness.num_compared]
+        if not found and ran and model not in ran and not m.models:
+            continue  # the profile does not run the method on this model
         if not found:
             out.append(ctx.not_measured(f"no {m.method} result with a greedy comparison for model '{model}'",
                                         subject=model))
