@@ -44,7 +44,7 @@ def test_a_cpu_profile_prints_its_work_without_gpu_hours():
     lines = render_plan(cfg, build_plan(cfg, exact))
     assert lines[0].endswith("float32 on cpu") and not any(line.endswith(" h") for line in lines)
     assert lines[1] == "  base      wheel source"
-    assert lines[2] == "  layerskip trained here from base (layerskip recipe, 120 steps)"
+    assert lines[2] == "  layerskip trained here from base (layerskip recipe, 240 steps)"
     assert lines[5].split()[0] == "train@layerskip" and "steps" in lines[5]
     assert lines[-1].startswith("  on CPU: no estimate") and "Time per stage" in lines[-1]
 
