@@ -46,16 +46,18 @@ from exitbench.config import BenchConfig, Config, check_exit_layers, stage_view
 from exitbench.cost_model import alpha_from_acceptance_rate, fraction_of_ideal, ideal_speedup
 from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import DecodeResult, DecodingMethod, StopRule, build_method, method_class
+from exitbench.decoding.self_speculative import DraftHead
 from exitbench.decoding.steps import as_ids, draft_hidden, full_step, greedy, prefill
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import encode_prompt, first_divergence, stop_rule
+from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
 from exitbench.stats import DEFAULT_SEED, Interval, ratio_interval, speedup_interval
-from exitbench.subvocab import task_train_path, write_task_draft_vocab
+from exitbench.subvocab import task_train_path
 from exitbench.tasks.registry import Task, TaskSettings, build_task
-from exitbench.timing import median_seconds
+from exitbench.timing import interleaved_medians
 
 BASELINE = "autoregressive"
 SHARED_VERIFY = frozenset({"self_speculative"})  # methods whose verify pass starts at layer E
@@ -80,6 +82,7 @@ COLUMNS = (
     "alpha",
     "tokens_per_round",
     "c_draft",
+    "c_tail",
     "c_verify",
     "ideal_speedup",
     "ideal_fraction",
@@ -121,6 +124,7 @@ class StepCosts:
     full_step_s: float
     c_draft: float
     c_verify: float
+    c_tail: float = 0.0  # the last draft's layers 0..E-1 (no head), run once a round by a verify from the exit
 
 
 def sweep_entries(bench: BenchConfig, num_layers: int, draft_vocab_file: str | None = None) -> list[SweepEntry]:
@@ -209,13 +213,17 @@ def measure_step_costs(
     num_speculations: int,
     verify_from_exit: bool = True,
     iters: int = 7,
+    draft_vocab_file: str | None = None,
 ) -> StepCosts:
-    """c_draft and c_verify on ``model`` after ``context`` (a prompt), relative to one full greedy step.
+    """c_draft, c_tail and c_verify on ``model`` after ``context`` (a prompt), relative to one full greedy step.
 
     Each timed call writes the K/V of its positions and crops them off again, so every call sees the same
-    cache length. The draft step is what self-speculation runs per drafted token (layers 0..E-1, the
-    shared head, argmax); the verify step is one forward over d + 1 positions through layers E..L-1
-    (``verify_from_exit``) or 0..L-1, the head and argmax over all positions.
+    cache length; the calls alternate (:func:`~exitbench.timing.interleaved_medians`), so a drift of the
+    machine's speed falls on every cost alike. The draft step is what self-speculation runs per drafted token
+    (layers 0..E-1, the shared head, argmax), over ``draft_vocab_file``'s ids when given; the tail is the last
+    draft's layers 0..E-1 without the head, which a verification from the exit (``verify_from_exit``) needs;
+    the verify step is one forward over d + 1 positions through layers E..L-1 (``verify_from_exit``) or
+    0..L-1, the head and argmax over all positions.
     """
     length = len(context)
     d = num_speculations
@@ -224,13 +232,27 @@ def measure_step_costs(
     token = int(context[-1])
     verify_tokens = as_ids(model, [token] * (d + 1))
     first = exit_layer if verify_from_exit else 0
+    head = DraftHead(model, draft_vocab_file or "")
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+
+    def timed(fn):
+        def call() -> None:
+            sync()
+            fn()
+            sync()
+
+        return call
 
     def full() -> None:
         greedy(full_step(model, cache, token, length))
         cache.crop(length)
 
     def draft() -> None:
-        greedy(model.logits(draft_hidden(model, cache, [token], length, exit_layer)))
+        head.propose(draft_hidden(model, cache, [token], length, exit_layer))
+        cache.crop(length)
+
+    def tail() -> None:
+        draft_hidden(model, cache, [token], length, exit_layer)
         cache.crop(length)
 
     def verify() -> None:
@@ -238,11 +260,13 @@ def measure_step_costs(
         model.logits(model.forward_layers(hidden, first, model.num_layers, length, cache))[0].argmax(-1).tolist()
         cache.crop(length)
 
-    full_s = median_seconds(full, iters, device=model.device)
+    fns = {"full": full, "draft": draft, "verify": verify} | ({"tail": tail} if verify_from_exit else {})
+    seconds = interleaved_medians({name: timed(fn) for name, fn in fns.items()}, iters)
     return StepCosts(
-        full_step_s=full_s,
-        c_draft=median_seconds(draft, iters, device=model.device) / full_s,
-        c_verify=median_seconds(verify, iters, device=model.device) / full_s,
+        full_step_s=seconds["full"],
+        c_draft=seconds["draft"] / seconds["full"],
+        c_verify=seconds["verify"] / seconds["full"],
+        c_tail=seconds["tail"] / seconds["full"] if verify_from_exit else 0.0,
     )
 
 
@@ -316,6 +340,7 @@ def summarize_entry(
         "alpha": None,
         "tokens_per_round": sum(r.num_tokens for r in flat) / rounds if rounds else None,
         "c_draft": costs.c_draft if costs else None,
+        "c_tail": costs.c_tail if costs else None,
         "c_verify": costs.c_verify if costs else None,
         "ideal_speedup": None,
         "ideal_fraction": None,
@@ -329,7 +354,7 @@ def summarize_entry(
     d = entry.num_speculations
     if costs is not None and rate is not None and d is not None and speedup is not None:
         alpha = alpha_from_acceptance_rate(rate, d)
-        ideal = ideal_speedup(alpha, d, costs.c_draft, costs.c_verify)
+        ideal = ideal_speedup(alpha, d, costs.c_draft, costs.c_verify, costs.c_tail)
         row.update(alpha=alpha, ideal_speedup=ideal, ideal_fraction=fraction_of_ideal(speedup, ideal))
     return row
 
@@ -355,14 +380,15 @@ def run_sweep(
     dtype_name = dtype or str(model.dtype).removeprefix("torch.")
     desc = f"{model_name}/{dtype_name}"
     results = run_interleaved(methods, prompts, bench.max_new_tokens, stop, bench.repeats, seed, progress, desc)
-    costs: dict[tuple[int, int, bool], StepCosts] = {}
+    costs: dict[tuple[int, int, bool, str], StepCosts] = {}
     rows = []
     for entry in entries:
         entry_costs = None
         if entry.exit_layer is not None and entry.num_speculations is not None:
-            key = (entry.exit_layer, entry.num_speculations, entry.method in SHARED_VERIFY)
+            vocab = dict(entry.options).get("draft_vocab_file", "")
+            key = (entry.exit_layer, entry.num_speculations, entry.method in SHARED_VERIFY, vocab)
             if key not in costs:
-                costs[key] = measure_step_costs(model, prompts[0], *key, iters=cost_iters)
+                costs[key] = measure_step_costs(model, prompts[0], *key[:3], iters=cost_iters, draft_vocab_file=vocab)
             entry_costs = costs[key]
         row = summarize_entry(entry, results[entry.label], results[BASELINE], entry_costs, seed)
         rows.append({"model": model_name, "dtype": dtype_name, **row, "max_new_tokens": bench.max_new_tokens})
@@ -387,12 +413,21 @@ def write_results(rows: Sequence[dict[str, Any]], out_dir: str | Path, provenanc
     ]
 
 
-def write_draft_vocab(
-    task: Task, data_dir: str | Path, tokenizer: Any, size: int, stop: StopRule, out_dir: str | Path, model_name: str
+def bench_draft_vocab(
+    task: Task,
+    data_dir: str | Path,
+    tokenizer: Any,
+    size: int,
+    stop: StopRule,
+    out_dir: str | Path,
+    model_name: str,
+    trained: list[int] | None = None,
 ) -> Path:
-    """The ``size`` most frequent tokens of the task's train split (never its test data), plus EOS."""
+    """The sub-vocabulary rows' draft set: the one the model's exits were trained over (``trained``), else the
+    ``size`` most frequent tokens of the task's train split (never its test data); plus EOS
+    (:func:`exitbench.exit_vocab.write_draft_vocab`)."""
     target = Path(out_dir) / f"draft_vocab_{model_name}.json"
-    written = write_task_draft_vocab(task, data_dir, tokenizer, size, stop.eos_token_ids, target)
+    written = write_draft_vocab(trained, task, data_dir, tokenizer, size, stop.eos_token_ids, target)
     if written is None:
         path = task_train_path(task, data_dir)
         raise ExitbenchError(f"bench_decoding: draft_vocab_size needs {path}; set bench.draft_vocab_size: 0")
@@ -441,8 +476,10 @@ def run_bench(
     data_dir: str | Path,
     out_dir: str | Path,
     progress: bool = True,
+    train_reports: str | Path | None = None,
 ) -> list[dict[str, Any]]:
-    """The whole stage: every model x dtype in ``bench``, written to ``<out>/sweep.{csv,json}``."""
+    """The whole stage: every model x dtype in ``bench``, written to ``<out>/sweep.{csv,json}``. ``train_reports``:
+    the training reports' folder (a model trained with ``exit_vocab_size`` drafts over its exits' set)."""
     bench = cfg.bench
     for name in (BASELINE, "self_speculative", *bench.peers):  # fail fast on an unknown method
         method_class(name)
@@ -460,7 +497,11 @@ def run_bench(
         stop = StopRule(stop_rule(tokenizer, task).eos_token_ids)
         vocab_file = None
         if bench.draft_vocab_size:
-            vocab_file = str(write_draft_vocab(task, data_dir, tokenizer, bench.draft_vocab_size, stop, out_dir, name))
+            report = report_path(train_reports, name)
+            trained = None if report is None else trained_exit_vocabulary(report, data_dir, tokenizer)
+            vocab_file = str(
+                bench_draft_vocab(task, data_dir, tokenizer, bench.draft_vocab_size, stop, out_dir, name, trained)
+            )
         for dtype in bench.dtypes:
             model = load_early_exit_model(path, dtype, cfg.base.device)
             device = model.device

@@ -58,18 +58,22 @@ def expected_tokens_per_round(a: float, d: int) -> float:
     return -math.expm1((d + 1) * math.log(a)) / (1.0 - a)
 
 
-def ideal_speedup(a: float, d: int, c_draft: float, c_verify: float) -> float:
-    """Ideal speed-up over greedy decoding: ``tokens_per_round / (d * c_draft + c_verify)``.
+def ideal_speedup(a: float, d: int, c_draft: float, c_verify: float, c_tail: float = 0.0) -> float:
+    """Ideal speed-up over greedy decoding: ``tokens_per_round / (d * c_draft + c_tail + c_verify)``.
 
     Leviathan et al. 2023, Theorem 3.8 (walltime improvement ``(1 - a^(d+1)) / ((1 - a)(d c + 1))``),
     adapted to LayerSkip's shared KVQ cache (§4.3): the verification pass runs only the remaining
-    layers, so it costs ``c_verify`` instead of one full step. ``a -> 0`` gives
-    ``1 / (d c_E + c_V)``; ``a -> 1`` gives ``(d + 1) / (d c_E + c_V)``.
+    layers, so it costs ``c_verify`` instead of one full step. ``c_tail`` (default 0, the paper's form) is
+    what a round spends on the last draft's own layers 0..E-1 without the head, which a verification that
+    starts at layer E over d + 1 positions needs (exitbench's self-speculation runs it every round).
+    ``a -> 0`` gives ``1 / (d c_E + c_T + c_V)``; ``a -> 1`` gives ``(d + 1) / (d c_E + c_T + c_V)``.
     """
     c_draft = _check_cost(c_draft, "c_draft")
     c_verify = _check_cost(c_verify, "c_verify")
+    if isinstance(c_tail, bool) or not isinstance(c_tail, Real) or not math.isfinite(c_tail) or c_tail < 0:
+        raise ExitbenchError(f"c_tail must be a finite cost >= 0 (relative to one full decoding step), got {c_tail!r}")
     tokens = expected_tokens_per_round(a, d)
-    return tokens / (int(d) * c_draft + c_verify)
+    return tokens / (int(d) * c_draft + float(c_tail) + c_verify)
 
 
 def acceptance_rate_from_alpha(a: float, d: int) -> float:
@@ -123,18 +127,20 @@ def optimal_speculations(
     return best_d, best_speedup
 
 
-def predict_speedup(acceptance_rate: float, d: int, c_draft: float, c_verify: float) -> dict[str, float]:
+def predict_speedup(
+    acceptance_rate: float, d: int, c_draft: float, c_verify: float, c_tail: float = 0.0
+) -> dict[str, float]:
     """Predicted speed-up from a measured LayerSkip acceptance rate.
 
     Converts the rate to per-token acceptance ``alpha`` (inverse of :func:`acceptance_rate_from_alpha`),
-    then applies Leviathan et al. 2023 eq. (1) and Theorem 3.8 with the LayerSkip §4.3 verify cost.
-    Returns ``{"alpha", "tokens_per_round", "predicted_speedup"}``.
+    then applies Leviathan et al. 2023 eq. (1) and Theorem 3.8 with the LayerSkip §4.3 verify cost (and
+    ``c_tail``, see :func:`ideal_speedup`). Returns ``{"alpha", "tokens_per_round", "predicted_speedup"}``.
     """
     alpha = alpha_from_acceptance_rate(acceptance_rate, d)
     return {
         "alpha": alpha,
         "tokens_per_round": expected_tokens_per_round(alpha, d),
-        "predicted_speedup": ideal_speedup(alpha, d, c_draft, c_verify),
+        "predicted_speedup": ideal_speedup(alpha, d, c_draft, c_verify, c_tail),
     }
 
 

@@ -35,12 +35,13 @@ from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import StopRule, base_method, build_method, method_class, parse_options
 from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
+from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
 from exitbench.identity import method_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
 from exitbench.stats import Interval, mean_interval, ratio_interval, speedup_interval
-from exitbench.subvocab import write_task_calibration, write_task_draft_vocab
+from exitbench.subvocab import write_task_calibration
 from exitbench.tasks.base import require_isolation
 from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
 
@@ -69,14 +70,31 @@ class EvalContext:
     draft: EarlyExitModel | None
     model_key: str
     model_info: dict[str, Any]
+    train_report: Path | None = None  # results/train/<model>.json of a model trained here
+    _exit_vocab: dict[str, list[int] | None] = field(default_factory=dict, repr=False)
+
+    def trained_exit_vocab(self, data_dir: Path) -> list[int] | None:
+        """The sub-vocabulary this model's exits were trained over (:mod:`exitbench.exit_vocab`), or None."""
+        if self.train_report is None:
+            return None
+        if str(data_dir) not in self._exit_vocab:
+            self._exit_vocab[str(data_dir)] = trained_exit_vocabulary(self.train_report, data_dir, self.tokenizer)
+        return self._exit_vocab[str(data_dir)]
 
 
 def _model_key(model_dir: Path) -> str:
     return model_identity(model_dir)[:16]
 
 
-def load_context(cfg: Config, models_dir: Path, name: str, stages: Sequence[str] | None = None) -> EvalContext:
-    """Load model ``name`` (and the prepared draft when a method of ``stages``, default all, needs it)."""
+def load_context(
+    cfg: Config,
+    models_dir: Path,
+    name: str,
+    stages: Sequence[str] | None = None,
+    train_reports: Path | None = None,
+) -> EvalContext:
+    """Load model ``name`` (and the prepared draft when a method of ``stages``, default all, needs it); with
+    ``train_reports``, its training report (how its exits were trained: :meth:`EvalContext.trained_exit_vocab`)."""
     model_dir = models_dir / name
     if not (model_dir / "config.json").exists():
         raise ExitbenchError(
@@ -99,7 +117,10 @@ def load_context(cfg: Config, models_dir: Path, name: str, stages: Sequence[str]
         "source": info.get("source"),
         "projection": model.projection,
     }
-    return EvalContext(name, model, load_tokenizer(model_dir), draft, _model_key(model_dir), model_info)
+    tokenizer = load_tokenizer(model_dir)
+    return EvalContext(
+        name, model, tokenizer, draft, _model_key(model_dir), model_info, report_path(train_reports, name)
+    )
 
 
 def needs_prepared_draft(label: str, options: dict[str, Any] | None) -> bool:
@@ -617,14 +638,14 @@ def _compare(records: list[dict[str, Any]], greedy: list[dict[str, Any]]) -> dic
 def draft_vocab_for(
     cfg: Config, ctx: EvalContext, task: Task, stop: StopRule, data_dir: Path, target_dir: Path
 ) -> Path | None:
-    """The draft sub-vocabulary file of (model, task) when ``evaluate.draft_vocab_size`` asks for one and the
-    task has a train split to count tokens in; else None (self-speculation drafts over the whole vocabulary).
+    """The draft sub-vocabulary file of (model, task): the set the model's exits were trained over when it was
+    trained with ``exit_vocab_size`` (whatever the task: the other logits of its exits are untrained), plus the
+    task's stop tokens; else the task's ``evaluate.draft_vocab_size`` most frequent train-split tokens when that
+    asks for them and the task has a train split; else None (drafts over the whole vocabulary).
     """
-    size = cfg.evaluate.draft_vocab_size
-    if not size:
-        return None
     target = target_dir / "draft_vocab.json"
-    return write_task_draft_vocab(task, data_dir, ctx.tokenizer, size, stop.eos_token_ids, target)
+    trained, size = ctx.trained_exit_vocab(data_dir), cfg.evaluate.draft_vocab_size
+    return write_draft_vocab(trained, task, data_dir, ctx.tokenizer, size, stop.eos_token_ids, target)
 
 
 CALIBRATION_ROWS = 32  # train-split examples written for methods with a ``calibration_file`` option
@@ -715,6 +736,14 @@ def stage_dir(out_dir: Path, stage: str, model: str, task: str) -> Path:
     return out_dir / stage / model / task
 
 
+def file_option_key(value: str) -> str:
+    """A file option's part of a record's settings: its name and a hash of its content (a draft vocabulary or
+    calibration set that changes makes new records; where the file lives does not)."""
+    path = Path(value)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else "missing"
+    return f"{path.name}:{digest}"
+
+
 def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options: dict[str, Any], chat: bool) -> str:
     """The key of everything a stored record of ``label`` was made with (see :class:`RecordFile`)."""
     settings = {
@@ -722,7 +751,7 @@ def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options:
         "code": method_code_identity(method_class(label))[:16],
         "timing": timing_protocol(ctx.model.device.type),
         "method": label,
-        "options": {key: Path(value).name if key in FILE_OPTIONS else value for key, value in options.items()},
+        "options": {key: file_option_key(value) if key in FILE_OPTIONS else value for key, value in options.items()},
         "task": task.name,
         "task_version": task.version,
         "max_new_tokens": cfg.evaluate.tasks[task.name].max_new_tokens,
@@ -882,9 +911,10 @@ def evaluate_all(
     out_dir: Path,
     shard: Shard | None = None,
     stages: Sequence[str] | None = None,
+    train_reports: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Every model x task of params.yaml's ``evaluate`` section under ``stages`` (default: all of them, greedy's
-    first; rows: rank 0's)."""
+    first; rows: rank 0's). ``train_reports``: the training reports' folder (a trained model's draft vocabulary)."""
     for name, options in cfg.evaluate.methods.items():  # fail fast on an unknown method or bad options
         parse_options(name, options)
     require_isolation(list(cfg.evaluate.tasks))
@@ -895,7 +925,7 @@ def evaluate_all(
     ]
     rows = []
     for model_name in dict.fromkeys(model for model, _ in wanted):
-        ctx = load_context(cfg, models_dir, model_name, stages)
+        ctx = load_context(cfg, models_dir, model_name, stages, train_reports)
         for task_name in [task for model, task in wanted if model == model_name]:
             for stage in stages:
                 summaries = evaluate_stage(cfg, ctx, task_name, data_dir, out_dir, stage, shard)

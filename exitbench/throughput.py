@@ -39,10 +39,10 @@ from exitbench.data.io import atomic_write_json, atomic_write_text
 from exitbench.decoding import StopRule, method_class
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import encode_prompt, load_samples, sample_info, stop_rule
+from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.provenance import provenance
 from exitbench.stats import Interval, ratio_interval, speedup_interval
-from exitbench.subvocab import write_task_draft_vocab
 from exitbench.tasks.registry import TaskSettings, build_task
 
 GREEDY = "autoregressive"
@@ -199,9 +199,16 @@ def build_methods(
 
 
 def run_throughput(
-    cfg: Config, models_dir: Path, data_dir: Path, out_dir: Path, progress: bool = True
+    cfg: Config,
+    models_dir: Path,
+    data_dir: Path,
+    out_dir: Path,
+    progress: bool = True,
+    train_reports: Path | None = None,
 ) -> dict[str, Any]:
-    """The whole stage: load, measure, summarise, write ``throughput.{json,csv}`` under ``out_dir``."""
+    """The whole stage: load, measure, summarise, write ``throughput.{json,csv}`` under ``out_dir``.
+    ``train_reports``: the training reports' folder (a model trained with ``exit_vocab_size`` drafts over its
+    exits' set, as in evaluate)."""
     tp = cfg.throughput
     model_dir = models_dir / tp.model
     if not (model_dir / "config.json").exists():
@@ -214,8 +221,11 @@ def run_throughput(
     stop = stop_rule(tokenizer, task)
     draft_vocab = None
     if tp.draft_vocab_size:
+        report = report_path(train_reports, tp.model)
+        trained = None if report is None else trained_exit_vocabulary(report, data_dir, tokenizer)
         target = out_dir / "draft_vocab.json"
-        draft_vocab = write_task_draft_vocab(task, data_dir, tokenizer, tp.draft_vocab_size, stop.eos_token_ids, target)
+        size = tp.draft_vocab_size
+        draft_vocab = write_draft_vocab(trained, task, data_dir, tokenizer, size, stop.eos_token_ids, target)
     methods, skipped = build_methods(cfg, model, draft_vocab)
     sizes = []
     for b in tp.batch_sizes:

@@ -26,12 +26,15 @@ def main() -> None:
     parser.add_argument("--config", default="build/config/bench_decoding.json", help="the stage's resolved config")
     parser.add_argument("--models-dir", default="models")
     parser.add_argument("--data", default="data")
+    parser.add_argument("--train-reports", default="results/train",
+                        help="training reports: a model trained with exit_vocab_size drafts over its exits' set")
     parser.add_argument("--out", default="results/bench")
     args = parser.parse_args()
     start = time.perf_counter()
     cfg = load_stage(args.config)
     threads = set_threads(cfg.base.threads)
-    rows = run_bench(cfg, Path(args.models_dir), Path(args.data), Path(args.out))
+    reports = Path(args.train_reports)
+    rows = run_bench(cfg, Path(args.models_dir), Path(args.data), Path(args.out), train_reports=reports)
     for row in rows:
         where = f"{row['model']:>10} {row['dtype']:>8} {row['method']:>16} E={_fmt(row['exit_layer'], '>2')} "
         where += f"d={_fmt(row['num_speculations'], '>2')}"

@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--config", help="default: build/config/evaluate/<method>.json")
     parser.add_argument("--models-dir", default="models")
     parser.add_argument("--data", default="data")
+    parser.add_argument("--train-reports", default="results/train",
+                        help="training reports: a model trained with exit_vocab_size drafts over its exits' set")
     parser.add_argument("--out", default="results/eval")
     args = parser.parse_args()
     cfg = load_stage(args.config or f"build/config/evaluate/{args.method}.json")
@@ -98,7 +100,9 @@ def main() -> None:
             raise ExitbenchError(f"evaluate@{args.method}: evaluate.methods.{label}: {err}") from None
     check_method_exit_layers(cfg.evaluate, Path(args.models_dir))
     shard = launched_shard(cfg.base.device)
-    rows = evaluate_all(cfg, Path(args.models_dir), Path(args.data), Path(args.out), shard, stages=[args.method])
+    rows = evaluate_all(
+        cfg, Path(args.models_dir), Path(args.data), Path(args.out), shard, [args.method], Path(args.train_reports)
+    )
     if shard.rank != 0:
         return
     for path in remove_stale_summaries(stage_out, rows):

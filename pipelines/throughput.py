@@ -26,12 +26,15 @@ def main() -> None:
     parser.add_argument("--config", default="build/config/throughput.json", help="the stage's resolved config")
     parser.add_argument("--models-dir", default="models")
     parser.add_argument("--data", default="data")
+    parser.add_argument("--train-reports", default="results/train",
+                        help="training reports: a model trained with exit_vocab_size drafts over its exits' set")
     parser.add_argument("--out", default="results/throughput")
     args = parser.parse_args()
     start = time.perf_counter()
     cfg = load_stage(args.config)
     threads = set_threads(cfg.base.threads)
-    report = run_throughput(cfg, Path(args.models_dir), Path(args.data), Path(args.out))
+    reports = Path(args.train_reports)
+    report = run_throughput(cfg, Path(args.models_dir), Path(args.data), Path(args.out), train_reports=reports)
     for row in report["rows"]:
         print(
             f"{row['method']:>18} B={row['batch_size']:>3}: {row['tokens_per_s']:7.1f} tokens/s, "

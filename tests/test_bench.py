@@ -150,8 +150,9 @@ def test_truncated_view_is_a_separate_model_with_shared_weights(tiny_model):
 def test_step_costs_are_positive_ratios(tiny_model):
     costs = measure_step_costs(tiny_model, prompts()[0], exit_layer=1, num_speculations=2, iters=2)
     assert costs.full_step_s > 0 and costs.c_draft > 0 and costs.c_verify > 0
+    assert costs.c_tail > 0  # the last draft's layers 0..E-1, which a verification from the exit starts after
     full = measure_step_costs(tiny_model, prompts()[0], 1, 2, verify_from_exit=False, iters=2)
-    assert full.c_verify > 0
+    assert full.c_verify > 0 and full.c_tail == 0.0
 
 
 def test_pipeline_fails_with_one_line_naming_the_missing_model(tmp_path):

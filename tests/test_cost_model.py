@@ -189,3 +189,14 @@ def test_error_messages_are_one_line() -> None:
     with pytest.raises(ExitbenchError) as info:
         ideal_speedup(2.0, 0, 0.1, 0.9)
     assert "\n" not in str(info.value)
+
+
+def test_the_tail_of_a_round_is_paid_once_per_round():
+    """c_tail (the last draft's early layers, run by a verification that starts at the exit) adds to the round's
+    cost once, whatever d; 0 gives the paper's form."""
+    assert ideal_speedup(0.5, 3, 0.2, 0.6, 0.0) == ideal_speedup(0.5, 3, 0.2, 0.6)
+    tokens = (1 - 0.5**4) / 0.5
+    assert ideal_speedup(0.5, 3, 0.2, 0.6, 0.15) == pytest.approx(tokens / (3 * 0.2 + 0.15 + 0.6), rel=1e-14)
+    for bad in (-0.1, float("nan"), True):
+        with pytest.raises(ExitbenchError, match="c_tail"):
+            ideal_speedup(0.5, 3, 0.2, 0.6, bad)

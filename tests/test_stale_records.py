@@ -121,3 +121,24 @@ def test_records_of_the_old_index_keyed_layout_are_never_reused(tmp_path):
     records = RecordFile(path, "k")
     assert records.stored == {}
     assert path.read_text() == ""
+
+
+def test_a_changed_draft_vocabulary_regenerates_the_drafting_records(ctx, tmp_path, count_generations, monkeypatch):
+    """The draft vocabulary file keeps its name when its content changes (another trained set, another size):
+    the records' settings hash its content, so the drafting method runs again and greedy's records stay."""
+    cfg = make_config()
+    mirror = write_mirror(tmp_path / "mirror", ["wake me at six", "set alarm", "show alarms", "stop alarm"])
+    out = tmp_path / "eval"
+    trained = {"ids": list(range(0, 128, 2))}
+    monkeypatch.setattr(EvalContext, "trained_exit_vocab", lambda self, data_dir: trained["ids"])
+    evaluate_model_task(cfg, ctx, "topv2", mirror, out)
+    vocab_file = out / "self_speculative" / "tiny" / "topv2" / "draft_vocab.json"
+    assert json.loads(vocab_file.read_text()) == sorted(set(trained["ids"]) | {ctx.tokenizer.eos_token_id})
+    count_generations.clear()
+    trained["ids"] = list(range(1, 128, 2))
+    evaluate_model_task(cfg, ctx, "topv2", mirror, out)
+    assert sorted({name for name, _ in count_generations}) == ["Autoregressive", "SelfSpeculative"]
+    assert sum(name == "SelfSpeculative" for name, _ in count_generations) == 4  # greedy: re-timed beside it only
+    count_generations.clear()
+    evaluate_model_task(cfg, ctx, "topv2", mirror, out)
+    assert count_generations == []

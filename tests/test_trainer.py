@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerFast
 
 from exitbench.config import BaseConfig, Config, TrainConfig, TrainVariant
 from exitbench.errors import ExitbenchError
+from exitbench.exit_vocab import trained_exit_vocabulary
 from exitbench.models.load import load_causal_lm
 from exitbench.models.tiny import random_llama
 from exitbench.training import trainer
@@ -298,6 +299,32 @@ def test_training_with_an_exit_vocabulary_reports_its_size_and_coverage(workspac
     # the last layer's loss is the same objective with or without the set: equal at the first step
     assert report["history"][0]["exits"]["3"] == pytest.approx(plain["history"][0]["exits"]["3"], rel=1e-6)
     assert report["history"][0]["exits"]["1"] < plain["history"][0]["exits"]["1"]
+
+
+def test_the_exits_set_rebuilt_from_the_training_report_is_the_one_trained(workspace, monkeypatch):
+    """Evaluation drafts a sub-vocabulary model over its exits' set, rebuilt from the training report
+    (exitbench/exit_vocab.py): it must be the set the trainer used, and prepared data that changed since stops it."""
+    used: list[list[int]] = []
+    original = trainer.EarlyExitObjective.set_exit_vocab
+
+    def spy(self, token_ids):
+        used.append(list(token_ids) if token_ids is not None else None)
+        return original(self, token_ids)
+
+    monkeypatch.setattr(trainer.EarlyExitObjective, "set_exit_vocab", spy)
+    paths = paths_for(workspace, "subvocab_rebuilt")
+    train(variant(steps=2, curriculum="none", exit_vocab_size=9, timing_steps=0), BASE, paths, progress=False)
+    tokenizer = char_tokenizer()
+    assert used and trained_exit_vocabulary(paths.report, workspace["data"], tokenizer) == used[0]
+    full = paths_for(workspace, "fullvocab_rebuilt")
+    train(variant(steps=2, curriculum="none", timing_steps=0), BASE, full, progress=False)
+    assert trained_exit_vocabulary(full.report, workspace["data"], tokenizer) is None
+    changed = workspace["root"] / "changed_data"
+    (changed / "topv2").mkdir(parents=True)
+    rows = [{**row, "semantic_parse": row["semantic_parse"].lower()} for row in ROWS]
+    (changed / "topv2" / "train.jsonl").write_text("".join(json.dumps(rows[i % 4]) + "\n" for i in range(32)))
+    with pytest.raises(ExitbenchError, match="prepared data changed since training"):
+        trained_exit_vocabulary(paths.report, changed, tokenizer)
 
 
 def _write_config(path: Path, config: TrainVariant) -> None:

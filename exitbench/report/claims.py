@@ -592,14 +592,15 @@ def exactness(ctx: _Ctx) -> list[ClaimVerdict]:
     value = ctx.claim.paper.value or 0.0
     out = []
     models = ctx.models()
-    ran = [model for model in models if ctx.evals(model, m.method)]
+    evals = {model: ctx.evals(model, m.method) for model in models}
+    ran_anywhere = any(evals.values())
     for model in models:
         if (missing := ctx.missing(model)) is not None:
             out.append(missing)
             continue
-        found = [r for r in ctx.evals(model, m.method) if r.correctness.num_compared]
-        if not found and ran and model not in ran and not m.models:
+        if ran_anywhere and not evals[model] and not m.models:
             continue  # the profile does not run the method on this model
+        found = [r for r in evals[model] if r.correctness.num_compared]
         if not found:
             out.append(ctx.not_measured(f"no {m.method} result with a greedy comparison for model '{model}'",
                                         subject=model))
@@ -614,14 +615,16 @@ def exactness(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
-def _predicted(acceptance: float, d: int, c_draft: float, c_verify: float) -> float:
-    return predict_speedup(min(max(acceptance, 0.0), 1.0), d, c_draft, c_verify)["predicted_speedup"]
+def _predicted(acceptance: float, d: int, c_draft: float, c_verify: float, c_tail: float = 0.0) -> float:
+    return predict_speedup(min(max(acceptance, 0.0), 1.0), d, c_draft, c_verify, c_tail)["predicted_speedup"]
 
 
-def _bound_interval(speed: Interval, acc: Interval, d: int, c_draft: float, c_verify: float, method: str) -> Interval:
+def _bound_interval(
+    speed: Interval, acc: Interval, d: int, c_draft: float, c_verify: float, method: str, c_tail: float = 0.0
+) -> Interval:
     """measured / predicted speed-up: the speed-up's interval over the prediction at the acceptance interval's
     ends (the prediction rises with acceptance, so the low end divides by the high prediction)."""
-    low, mid, high = (_predicted(x, d, c_draft, c_verify) for x in (acc.low, acc.estimate, acc.high))
+    low, mid, high = (_predicted(x, d, c_draft, c_verify, c_tail) for x in (acc.low, acc.estimate, acc.high))
     return Interval(speed.estimate / mid, speed.low / high, speed.high / low, speed.n, method=method)
 
 
@@ -632,8 +635,8 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
         if r.model != model or None in (r.acceptance_rate, r.num_speculations, r.c_draft, r.c_verify,
                                         r.speedup_vs_greedy):
             continue
-        d, c_draft, c_verify = r.num_speculations or 1, r.c_draft or 1.0, r.c_verify or 1.0
-        predicted = _predicted(r.acceptance_rate or 0.0, d, c_draft, c_verify)
+        d, c_draft, c_verify, c_tail = r.num_speculations or 1, r.c_draft or 1.0, r.c_verify or 1.0, r.c_tail or 0.0
+        predicted = _predicted(r.acceptance_rate or 0.0, d, c_draft, c_verify, c_tail)
         ratio = (r.speedup_vs_greedy or 0.0) / predicted
         label = (f"E={r.exit_layer} d={r.num_speculations}: measured {r.speedup_vs_greedy:.3g}x, "
                  f"predicted {predicted:.3g}x")
@@ -642,7 +645,7 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
             out.append((point(ratio, r.num_prompts, "point (the sweep records no interval)"), band, label))
             continue
         out.append((_bound_interval(speed, acc, d, c_draft, c_verify, "the sweep's speed-up interval over the "
-                                    "prediction at its acceptance interval's ends"), band, label))
+                                    "prediction at its acceptance interval's ends", c_tail), band, label))
     return out
 
 
@@ -659,9 +662,10 @@ def _eval_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[tu
         speed, acc = speedup_measured(result, greedy, ctx.records), acceptance_interval(result, ctx.records)
         if cost is None or speed.interval is None or acc.interval is None or not isinstance(d, int):
             continue
-        interval = _bound_interval(speed.interval, acc.interval, d, cost.c_draft or 1.0, cost.c_verify or 1.0,
-                                   "speed-up interval over the prediction at the acceptance interval's ends")
-        predicted = _predicted(acc.interval.estimate, d, cost.c_draft or 1.0, cost.c_verify or 1.0)
+        c_draft, c_verify, c_tail = cost.c_draft or 1.0, cost.c_verify or 1.0, cost.c_tail or 0.0
+        interval = _bound_interval(speed.interval, acc.interval, d, c_draft, c_verify,
+                                   "speed-up interval over the prediction at the acceptance interval's ends", c_tail)
+        predicted = _predicted(acc.interval.estimate, d, c_draft, c_verify, c_tail)
         out.append((interval, band, f"{result.task} E={e} d={d}: measured {speed.interval.estimate:.3g}x, "
                                     f"predicted {predicted:.3g}x (costs of the sweep)"))
     return out

@@ -52,6 +52,11 @@ PAPER_COLOR = "0.15"
 DPI = 150
 
 
+
+def _edge(marker: str, fill: str | None = None) -> str | None:
+    """Black edges for a filled marker; an unfilled one ('x', '+') is all edge: its own colour (``fill``)."""
+    return "black" if marker in Line2D.filled_markers else fill
+
 def _colors(names: list[str]) -> dict[str, Any]:
     cmap = mpl.colormaps["tab10"]
     return {name: cmap(i % 10) for i, name in enumerate(names)}
@@ -201,7 +206,7 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
                 s=70,
                 marker=MARKERS.get(r.family, "o"),
                 color=colors[r.model],
-                edgecolor="black",
+                edgecolor=_edge(MARKERS.get(r.family, "o")),
                 linewidth=0.5,
                 zorder=3,
             )
@@ -276,7 +281,7 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
                 linestyle="",
                 markersize=7,
                 color="0.5",
-                markeredgecolor="black",
+                markeredgecolor=_edge(MARKERS.get(m, "o"), "0.5"),
                 label=_short_method(m),
             )
             for m in sorted({r.family for r in rows}, key=method_key)

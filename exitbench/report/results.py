@@ -163,6 +163,7 @@ class SweepRow(_Lenient):
     acceptance_rate: float | None = Field(None, ge=0, le=1)
     tokens_per_round: float | None = Field(None, ge=0)
     c_draft: float | None = Field(None, gt=0)
+    c_tail: float | None = Field(None, ge=0)  # absent from sweeps written before it was measured
     c_verify: float | None = Field(None, gt=0)
     ideal_speedup: float | None = Field(None, gt=0)
     ideal_fraction: float | None = Field(None, ge=0)

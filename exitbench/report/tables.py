@@ -402,6 +402,7 @@ def sweep_cells(row: SweepRow) -> list[str]:
         fmt_estimate(sweep_estimate(row, "acceptance_rate"), "pct"),
         fmt(row.tokens_per_round, 2),
         fmt(row.c_draft),
+        fmt(row.c_tail),
         fmt(row.c_verify),
         fmt_x(row.ideal_speedup),
         fmt(row.ideal_fraction, 2),
@@ -426,6 +427,10 @@ def sweep_section(results: Results) -> list[str]:
         "",
         "Speed-up and acceptance: 95% bootstrap interval over prompts (speed-up paired with greedy on the "
         "same prompts) and n = prompts.",
+        "Costs, relative to one greedy step and timed interleaved: c_draft one draft step (E layers and the draft "
+        "head, over the sub-vocabulary in +subvocab rows), c_tail the last draft's E layers without the head (once "
+        "a round, for a verification that starts at the exit), c_verify one verification forward over d + 1 "
+        "positions; ideal = tokens per round / (d c_draft + c_tail + c_verify).",
         "",
     ]
     for model_dtype in sorted({(r.model, r.dtype) for r in sweep.rows}):
@@ -449,6 +454,7 @@ def sweep_section(results: Results) -> list[str]:
         "acceptance",
         "tokens/round",
         "c_draft",
+        "c_tail",
         "c_verify",
         "ideal",
         "ideal fraction",
@@ -457,7 +463,7 @@ def sweep_section(results: Results) -> list[str]:
     rows = sorted(
         sweep.rows, key=lambda r: (r.model, r.dtype, method_key(r.method), r.exit_layer or 0, r.num_speculations or 0)
     )
-    return [*lines, *markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrl"), ""]
+    return [*lines, *markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrrl"), ""]
 
 
 # ------------------------------------------------------------------------------------------ control comparison
