@@ -870,12 +870,13 @@ def evaluate_stage(
         own_key = settings_key(cfg, ctx, task, own_label, method_options(cfg, own_label, None, None), chat)
         own_stored = stored_records(out_dir, FRAMEWORK_GREEDY, own_label, ctx.name, batch, own_key, required=False)
     summaries: dict[str, dict[str, Any]] = {}
-    for label, (method, _) in runs.items():
+    for label, (method, records) in runs.items():
         summary = summarize(task, method, samples, done[label], greedy_records, is_baseline=label == BASELINE)
         if label in peers and own_label is not None:
             add_framework_speedup(summary, done[label], own_stored, cfg.base.seed)
         summary.update(task=task_name, method=label, base_method=base_method(label), model=ctx.name, stage=stage)
         summary.update(options=options_of[label], dtype=cfg.base.dtype, chat_template=chat)
+        summary["settings_key"] = records.key  # which of the store's records (it may hold other settings') are these
         if (memory := getattr(method, "extra_memory", lambda: None)()) is not None:
             summary["extra_memory"] = memory  # a separate draft model's weights and cache, beside the model
         summary["model_info"] = ctx.model_info

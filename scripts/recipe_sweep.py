@@ -22,7 +22,6 @@ import argparse
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,18 +75,21 @@ def measure(
     cfg: Config, models: Path, name: str, data: Path, out: Path, exit_layer: int, samples: int, timing: int
 ) -> dict:
     """TOPv2 EM at the last layer and at early exit E, layer E's agreement with the last on eval targets, and
-    self-speculation's acceptance at (E, d=1) with the pipeline's draft sub-vocabulary on the first ``timing``
-    prompts (exits trained over a sub-vocabulary are judged by the draft they feed, not by full-vocabulary
-    agreement, which counts their untrained logits outside the set)."""
+    self-speculation's acceptance at (E, d=1) with the pipeline's draft sub-vocabulary (a run trained with
+    ``exit_vocab_size``: its exits' set, as the pipeline drafts it) on the first ``timing`` prompts (exits trained
+    over a sub-vocabulary are judged by the draft they feed, not by full-vocabulary agreement, which counts their
+    untrained logits outside the set)."""
     tasks = {"topv2": TaskEvalConfig(num_samples=samples, timing_samples=timing, max_new_tokens=40)}
     methods = {
         "autoregressive": {},
         f"early_exit@{exit_layer}": {"exit_layer": exit_layer},
         "self_speculative": {"exit_layer": exit_layer, "num_speculations": 1},
     }
-    evaluate = cfg.evaluate.model_copy(update={"models": [name], "tasks": tasks, "methods": methods})
+    evaluate = cfg.evaluate.model_copy(update={"models": [name], "tasks": tasks, "methods": methods,
+                                               "method_models": {}, "method_tasks": {}, "method_samples": {}})
     eval_cfg = cfg.model_copy(update={"evaluate": evaluate})
-    summaries = evaluate_model_task(eval_cfg, load_context(eval_cfg, models, name), "topv2", data, out / "eval")
+    ctx = load_context(eval_cfg, models, name, train_reports=out / "train")  # drafts over a trained exit set
+    summaries = evaluate_model_task(eval_cfg, ctx, "topv2", data, out / "eval")
     model = load_early_exit_model(models / name, cfg.base.dtype, cfg.base.device)
     pairs = load_topv2_pairs(data / "topv2" / "eval.jsonl", cfg.probe.topv2_rows)
     probe = probe_prompt_target(model, load_tokenizer(models / name), pairs, "topv2", cfg.probe.max_tokens)
@@ -127,9 +129,12 @@ def main() -> None:
         variant = variant_for(cfg, base, overrides, args.steps)
         paths = TrainPaths(Path(args.base_model), Path(args.data), work / "models" / name,
                            work / "checkpoints" / name, work / "train" / f"{name}.json")
-        start = time.monotonic()
-        report = train(variant, cfg.base, paths, name=name, progress=False)
-        train_s = time.monotonic() - start
+        if (paths.out / "config.json").exists() and paths.report.exists():  # trained before a failed measurement
+            print(f"{name}: trained before ({paths.report}), measuring it", flush=True)
+            report = json.loads(paths.report.read_text())  # (the trainer deletes its checkpoints when it finishes)
+        else:
+            report = train(variant, cfg.base, paths, name=name, progress=False)
+        train_s = report["time_per_step_s"]["total"]  # the steps' own time (the report's, also of an earlier run)
         entry = {
             "base": base, "overrides": overrides, "steps": args.steps,
             "train_s": train_s, "s_per_step": report["time_per_step_s"]["mean"],

@@ -427,3 +427,29 @@ def test_shared_compute_pairs_each_method_with_the_greedy_run_of_its_own_round(f
     _write(fake_results, {**summary, "extra_memory": memory}, faster)
     (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
     assert verdict.verdict == NOT_REPRODUCED and verdict.ours.high < 1
+
+
+def test_a_store_holding_other_settings_records_is_read_by_the_summarys_key(fake_results: Path) -> None:
+    """An exact method's store may hold the same samples under an older key (another draft vocabulary): both
+    groups score like greedy, so only the summary's ``settings_key`` tells which records are this run's."""
+    twelve = {"exit_layer": 12, "num_speculations": 1}
+    greedy = [{"wall_time_s": 1.0 + 0.01 * i, "num_tokens": 10} for i in range(N)]
+    self_spec = [{"wall_time_s": 0.5 * g["wall_time_s"], "num_tokens": 10, "num_accepted": 17.0, "num_drafted": 20.0}
+                 for g in greedy]
+    _write(fake_results, _summary("layerskip", "autoregressive", LS_AR), _records(LS_AR, greedy))
+    separate = _records(LS_AR, [{"wall_time_s": 0.8 * g["wall_time_s"], "num_tokens": 10} for g in greedy])
+    twin = {"num_speculations": 1, "draft_layers": 12}
+    _write(fake_results, _summary("layerskip", "speculative", LS_AR, options=twin), separate)
+    old = [{**r, "settings_key": "old", "decode": {**r["decode"], "wall_time_s": 2 * r["decode"]["wall_time_s"]}}
+           for r in _records(LS_AR, self_spec)]
+    new = [{**r, "settings_key": "new"} for r in _records(LS_AR, self_spec)]
+    summary = _summary("layerskip", "self_speculative", LS_AR, options=twelve)
+    _write(fake_results, summary, old + new)
+    (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
+    assert verdict.verdict == NOT_MEASURED  # two groups cover the samples with the same quality: ambiguous
+    _write(fake_results, {**summary, "settings_key": "new"}, old + new)
+    (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
+    assert verdict.ours.estimate == pytest.approx(2.0 / 1.25)
+    _write(fake_results, {**summary, "settings_key": "old"}, old + new)
+    (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
+    assert verdict.ours.estimate == pytest.approx(1.0 / 1.25)

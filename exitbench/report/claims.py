@@ -106,6 +106,8 @@ def hoeffding(mean: float, n: int) -> Interval:
     return Interval(mean, max(0.0, mean - half), min(1.0, mean + half), n, method="Hoeffding, values in [0, 1]")
 
 
+SUBVOCAB_TAG = "+subvocab"  # the sweep's label suffix for a method drafting over a sub-vocabulary (bench.py)
+
 # ------------------------------------------------------------------------------------------ per-sample records
 
 
@@ -113,9 +115,10 @@ class Records:
     """The per-sample records beside each evaluate summary (``<method>.jsonl``), read once per file.
 
     A record counts when it has a ``sample_id`` and no error. A file may hold records of other settings
-    (a resumable store): the group (``settings_key``) covering every id of the summary's ``sample_ids`` is
-    used; when several do, the one whose mean score equals the summary's quality; when that is ambiguous,
-    none (the intervals then come from the summaries)."""
+    (a resumable store): the group of the summary's own ``settings_key`` is used; for a summary written before
+    it recorded its key, the group covering every id of the summary's ``sample_ids``, and when several do, the
+    one whose mean score equals the summary's quality; when that is ambiguous, none (the intervals then come
+    from the summaries)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -133,6 +136,8 @@ class Records:
         for record in records:
             groups.setdefault(record.get("settings_key"), {})[str(record["sample_id"])] = record
         wanted = set(result.sample_ids)
+        if result.settings_key is not None:
+            groups = {key: group for key, group in groups.items() if key == result.settings_key}
         found = [{i: g[i] for i in result.sample_ids} if wanted else g for g in groups.values()
                  if wanted <= g.keys()]
         found = [{i: r for i, r in g.items() if r.get("error") is None} for g in found]  # failed samples out
@@ -638,7 +643,8 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
         d, c_draft, c_verify, c_tail = r.num_speculations or 1, r.c_draft or 1.0, r.c_verify or 1.0, r.c_tail or 0.0
         predicted = _predicted(r.acceptance_rate or 0.0, d, c_draft, c_verify, c_tail)
         ratio = (r.speedup_vs_greedy or 0.0) / predicted
-        label = (f"E={r.exit_layer} d={r.num_speculations}: measured {r.speedup_vs_greedy:.3g}x, "
+        tag = r.method.removeprefix(ctx.claim.maps_to.method)  # "+subvocab": the draft over a sub-vocabulary
+        label = (f"E={r.exit_layer} d={r.num_speculations}{tag}: measured {r.speedup_vs_greedy:.3g}x, "
                  f"predicted {predicted:.3g}x")
         speed, acc = r.interval("speedup_vs_greedy"), r.interval("acceptance_rate")
         if speed is None or acc is None:  # a sweep written before it recorded intervals
@@ -651,13 +657,15 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
 
 def _eval_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[tuple[Interval, Band, str]]:
     """Evaluate results whose (model, E, d) the sweep measured: ratio interval from the speed-up's and the
-    acceptance's intervals (the prediction rises with acceptance)."""
+    acceptance's intervals (the prediction rises with acceptance). A result that drafted over a sub-vocabulary
+    takes the costs of the sweep's sub-vocabulary row (its draft head is that one), else of the plain row."""
     band = claim_band(ctx.claim, ctx.claim.paper.value or 1.0)
     out = []
     for result in ctx.evals(model, ctx.claim.maps_to.method):
         e, d = _exit_layer(result), result.options.get("num_speculations")
-        cost = next((r for r in rows if r.model == model and r.exit_layer == e and r.num_speculations == d
-                     and r.c_draft and r.c_verify), None)
+        method = ctx.claim.maps_to.method + (SUBVOCAB_TAG if result.options.get("draft_vocab_file") else "")
+        cost = next((r for r in rows if r.model == model and r.method == method and r.exit_layer == e
+                     and r.num_speculations == d and r.c_draft and r.c_verify), None)
         greedy = ctx.reference(model, "autoregressive", result.task)
         speed, acc = speedup_measured(result, greedy, ctx.records), acceptance_interval(result, ctx.records)
         if cost is None or speed.interval is None or acc.interval is None or not isinstance(d, int):
@@ -678,6 +686,7 @@ def speculative_bound(ctx: _Ctx) -> list[ClaimVerdict]:
     if sweep is None:
         return [ctx.not_measured("no sweep (results/bench/sweep.json): the draft/verify step costs are not measured")]
     rows = [r for r in sweep.rows if r.method == m.method]
+    cost_rows = [r for r in sweep.rows if r.method in (m.method, m.method + SUBVOCAB_TAG)]
     value = ctx.claim.paper.value or 1.0
     out = []
     for model in list(m.models) or sorted({r.model for r in rows} | set(ctx.results.eval_models())):
@@ -685,8 +694,8 @@ def speculative_bound(ctx: _Ctx) -> list[ClaimVerdict]:
             out.append(ctx.not_measured(f"the sweep has no {m.method} row of model '{model}' (no measured step "
                                         "costs)", subject=f"{model}, {m.method}"))
             continue
-        for where, candidates in (("sweep", _sweep_candidates(ctx, model, rows)),
-                                  ("evaluate", _eval_candidates(ctx, model, rows))):
+        for where, candidates in (("sweep", _sweep_candidates(ctx, model, cost_rows)),
+                                  ("evaluate", _eval_candidates(ctx, model, cost_rows))):
             subject = f"{model}, {m.method} ({where})"
             if not candidates:
                 out.append(ctx.not_measured(f"no {m.method} {where} row of '{model}' with acceptance, speed-up and "

@@ -106,6 +106,7 @@ class EvalResult(_Lenient):
         "acceptance_rate, mismatch_rate",
     )
     sample_ids: tuple[str, ...] = ()
+    settings_key: str | None = Field(None, description="the key of this summary's per-sample records in the store")
     sample: dict[str, Any] | None = None
     base_method: str | None = Field(None, description="the registry method of an instance label (early_exit@8)")
     quality_from: Any = Field(None, description="an exact method's quality is this run's (greedy's) by construction")
