@@ -404,12 +404,15 @@ def _csv_text(rows: Sequence[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def write_results(rows: Sequence[dict[str, Any]], out_dir: str | Path, provenance_block: dict[str, Any]) -> list[Path]:
-    """``sweep.csv`` and ``sweep.json`` (rows + provenance) under ``out_dir``, each written atomically."""
+def write_results(
+    rows: Sequence[dict[str, Any]], out_dir: str | Path, provenance_block: dict[str, Any], task: str | None = None
+) -> list[Path]:
+    """``sweep.csv`` and ``sweep.json`` (rows, provenance and the timed prompts' ``task``) under ``out_dir``, each
+    written atomically."""
     out_dir = Path(out_dir)
     return [
         atomic_write_text(out_dir / "sweep.csv", _csv_text(rows)),
-        atomic_write_json(out_dir / "sweep.json", {"provenance": provenance_block, "rows": list(rows)}),
+        atomic_write_json(out_dir / "sweep.json", {"provenance": provenance_block, "task": task, "rows": list(rows)}),
     ]
 
 
@@ -523,5 +526,5 @@ def run_bench(
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     block = {**provenance(stage_view(cfg, "bench_decoding"), device, ",".join(bench.dtypes)), "projection": projections}
-    write_results(rows, out_dir, block)
+    write_results(rows, out_dir, block, bench.task)
     return rows

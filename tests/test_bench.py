@@ -119,13 +119,14 @@ def test_interval_fields_pair_prompts_and_sum_repeats():
 
 def test_write_results_csv_and_json_parse(rows, tmp_path):
     block = {"git_commit": "unknown", "threads": 1}
-    write_results(rows, tmp_path / "bench", block)
+    write_results(rows, tmp_path / "bench", block, "topv2")
     with (tmp_path / "bench" / "sweep.csv").open() as handle:
         table = list(csv.DictReader(handle))
     assert len(table) == len(rows) and list(table[0]) == list(COLUMNS)
     assert table[0]["exit_layer"] == "" and table[1]["exact"] == "True"
     data = json.loads((tmp_path / "bench" / "sweep.json").read_text())
     assert data["provenance"] == block and data["rows"] == json.loads(json.dumps(rows))
+    assert data["task"] == "topv2"  # the check bounds evaluate results of this task only with these costs
     assert not list((tmp_path / "bench").glob("*.tmp"))
 
 

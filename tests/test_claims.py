@@ -453,3 +453,15 @@ def test_a_store_holding_other_settings_records_is_read_by_the_summarys_key(fake
     _write(fake_results, {**summary, "settings_key": "old"}, old + new)
     (verdict,) = _by_claim(fake_results)["ls-claim-shared-compute"]
     assert verdict.ours.estimate == pytest.approx(1.0 / 1.25)
+
+
+def test_evaluate_results_are_bounded_with_costs_timed_on_their_own_task(fake_results: Path) -> None:
+    """Step costs relative to a greedy step depend on the context length, so the sweep's costs (timed on
+    bench.task's prompts) bound only the evaluate results of that task."""
+    row = {**_sweep_row(1.0, 12), "num_speculations": 1}
+    for task, measured in (("topv2", True), ("cnndm", False), (None, True)):
+        (fake_results / "bench" / "sweep.json").write_text(
+            json.dumps({"rows": [row], "provenance": PROVENANCE, "task": task}))
+        bound = {v.subject: v for v in _by_claim(fake_results)["ls-claim-spec-bound-ours"]}
+        evaluate = bound["layerskip, self_speculative (evaluate)"]
+        assert (evaluate.verdict != NOT_MEASURED) is measured, task

@@ -658,10 +658,15 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
 def _eval_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[tuple[Interval, Band, str]]:
     """Evaluate results whose (model, E, d) the sweep measured: ratio interval from the speed-up's and the
     acceptance's intervals (the prediction rises with acceptance). A result that drafted over a sub-vocabulary
-    takes the costs of the sweep's sub-vocabulary row (its draft head is that one), else of the plain row."""
+    takes the costs of the sweep's sub-vocabulary row (its draft head is that one), else of the plain row. Only
+    results on the task whose prompts the sweep timed: step costs relative to a greedy step depend on the context
+    length (a 1k-token CNN/DM prompt makes attention, which d + 1 queries share, a larger part of each step)."""
     band = claim_band(ctx.claim, ctx.claim.paper.value or 1.0)
     out = []
+    sweep_task = ctx.results.sweep.task if ctx.results.sweep is not None else None
     for result in ctx.evals(model, ctx.claim.maps_to.method):
+        if sweep_task is not None and result.task != sweep_task:
+            continue
         e, d = _exit_layer(result), result.options.get("num_speculations")
         method = ctx.claim.maps_to.method + (SUBVOCAB_TAG if result.options.get("draft_vocab_file") else "")
         cost = next((r for r in rows if r.model == model and r.method == method and r.exit_layer == e
