@@ -9,8 +9,6 @@ the gradient step run this file as the torchrun script (``rank_main``).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from tests.test_trainer import (
     paths_for,
     variant,
 )
+from tests.torchrun_helpers import run_torchrun
 
 WORLD = 2
 # 2 processes vs 1 add the same terms in another order: losses agree to float rounding (measured ~2e-7).
@@ -63,12 +62,7 @@ def workspace(tmp_path_factory) -> dict[str, Path]:
 
 
 def torchrun(script: Path, args: list[str]) -> None:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(WORLD)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [*launcher, str(script), *args], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_torchrun(script, args, world=WORLD, PYTHONPATH=str(ROOT))
 
 
 def cli_args(config_path: Path, paths: TrainPaths) -> list[str]:

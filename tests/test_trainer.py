@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from exitbench.models.tiny import random_llama
 from exitbench.training import trainer
 from exitbench.training.corpora import DataOrder, Example, build_corpus, collate, pack
 from exitbench.training.trainer import TrainPaths, micro_batches, train
+from tests.torchrun_helpers import run_torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -357,33 +355,14 @@ def test_ddp_two_processes_match_one(workspace):
     config_path = workspace["root"] / "ddp.json"
     _write_config(config_path, config)
     paths = paths_for(workspace, "ddp")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        str(ROOT / "pipelines" / "train.py"),
-        "--config",
-        str(config_path),
-        "--variant",
-        "v",
-        "--base-model",
-        str(paths.base_model),
-        "--data",
-        str(paths.data),
-        "--out",
-        str(paths.out),
-        "--checkpoints",
-        str(paths.checkpoints),
-        "--report",
-        str(paths.report),
-        "--no-progress",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
+    run_torchrun(
+        ROOT / "pipelines" / "train.py",
+        [
+            "--config", str(config_path), "--variant", "v", "--base-model", str(paths.base_model),
+            "--data", str(paths.data), "--out", str(paths.out), "--checkpoints", str(paths.checkpoints),
+            "--report", str(paths.report), "--no-progress",
+        ],
+    )  # fmt: skip
     report = json.loads(paths.report.read_text())
     assert report["world_size"] == 2 and report["step_time_ratio"]["ratio"] > 0  # rank 0 timed after DDP
     for one, two in zip(single["history"], report["history"], strict=True):

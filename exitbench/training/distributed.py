@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,9 @@ from exitbench.errors import ExitbenchError
 from exitbench.training.early_exit_loss import EarlyExitObjective
 
 _LAYER_METHOD = "early_exit_forward"  # the name a sharded layer's early-exit forward is registered under
+# After the last barrier, how long the main thread sleeps (holding no GIL) before the group can be freed: see
+# ``shutdown``. scripts/ddp_teardown_stress.py counts the jobs that hang without it.
+_DRAIN_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -86,13 +90,20 @@ def shutdown(ctx: DistContext, clean: bool = True) -> None:
     """Leave the process group.
 
     On a clean exit every rank first meets at a barrier, so no rank tears the group down while another still
-    talks to it (gloo's ``destroy_process_group`` can hang otherwise: pytorch/pytorch#75097). After an error the
-    other ranks may never arrive, so the group is left to the process's exit instead of a collective teardown.
+    talks to it (gloo's ``destroy_process_group`` can hang otherwise: pytorch/pytorch#75097). Then the main
+    thread sleeps, holding no GIL, for ``_DRAIN_S``: gloo's worker thread frees the barrier's work after the
+    barrier returns, and with it the earlier works the barrier waited on; one of those (a sum over ranks) can
+    hold the last reference to a Python tensor, so the worker needs the GIL. If the group is freed first (the
+    DDP wrapper's reducer holds it until the garbage collector or the interpreter's exit frees it), its
+    destructor joins that worker while holding the GIL, and the rank never exits: measured in about 1 job in
+    6 before this sleep. After an error the other ranks may never arrive, so the group is left to the
+    process's exit instead of a collective teardown.
     """
     if not (ctx.active and dist.is_initialized()):
         return
     if clean:
         dist.barrier()
+        time.sleep(_DRAIN_S)
         dist.destroy_process_group()
 
 
