@@ -50,7 +50,7 @@ from exitbench.decoding.self_speculative import DraftHead
 from exitbench.decoding.steps import as_ids, draft_hidden, full_step, greedy, prefill
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import encode_prompt, first_divergence, stop_rule
-from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
+from exitbench.exit_vocab import model_exit_vocabulary, write_draft_vocab
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
@@ -500,8 +500,7 @@ def run_bench(
         stop = StopRule(stop_rule(tokenizer, task).eos_token_ids)
         vocab_file = None
         if bench.draft_vocab_size:
-            report = report_path(train_reports, name)
-            trained = None if report is None else trained_exit_vocabulary(report, data_dir, tokenizer)
+            trained = model_exit_vocabulary(train_reports, name, data_dir, tokenizer)
             vocab_file = str(
                 bench_draft_vocab(task, data_dir, tokenizer, bench.draft_vocab_size, stop, out_dir, name, trained)
             )

@@ -65,6 +65,14 @@ def trained_exit_vocabulary(report_file: str | Path, data_dir: str | Path, token
     return ids
 
 
+def model_exit_vocabulary(
+    reports_dir: str | Path | None, model: str, data_dir: str | Path, tokenizer: Any
+) -> list[int] | None:
+    """:func:`trained_exit_vocabulary` of ``model`` from its report in ``reports_dir``; None without a report."""
+    report = report_path(reports_dir, model)
+    return None if report is None else trained_exit_vocabulary(report, data_dir, tokenizer)
+
+
 def write_draft_vocab(
     trained: list[int] | None,
     task: Task,

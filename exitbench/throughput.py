@@ -39,7 +39,7 @@ from exitbench.data.io import atomic_write_json, atomic_write_text
 from exitbench.decoding import StopRule, method_class
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import encode_prompt, load_samples, sample_info, stop_rule
-from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
+from exitbench.exit_vocab import model_exit_vocabulary, write_draft_vocab
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.provenance import provenance
 from exitbench.stats import Interval, ratio_interval, speedup_interval
@@ -221,8 +221,7 @@ def run_throughput(
     stop = stop_rule(tokenizer, task)
     draft_vocab = None
     if tp.draft_vocab_size:
-        report = report_path(train_reports, tp.model)
-        trained = None if report is None else trained_exit_vocabulary(report, data_dir, tokenizer)
+        trained = model_exit_vocabulary(train_reports, tp.model, data_dir, tokenizer)
         target = out_dir / "draft_vocab.json"
         size = tp.draft_vocab_size
         draft_vocab = write_draft_vocab(trained, task, data_dir, tokenizer, size, stop.eos_token_ids, target)

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from exitbench.config import BaseConfig, Config, TrainConfig, TrainVariant
 from exitbench.errors import ExitbenchError
-from exitbench.exit_vocab import trained_exit_vocabulary
+from exitbench.exit_vocab import model_exit_vocabulary, trained_exit_vocabulary
 from exitbench.models.load import load_causal_lm
 from exitbench.models.tiny import random_llama
 from exitbench.training import trainer
@@ -314,6 +314,10 @@ def test_the_exits_set_rebuilt_from_the_training_report_is_the_one_trained(works
     train(variant(steps=2, curriculum="none", exit_vocab_size=9, timing_steps=0), BASE, paths, progress=False)
     tokenizer = char_tokenizer()
     assert used and trained_exit_vocabulary(paths.report, workspace["data"], tokenizer) == used[0]
+    reports = paths.report.parent  # the stages' form: a model's report found by name in the reports folder
+    assert model_exit_vocabulary(reports, paths.report.stem, workspace["data"], tokenizer) == used[0]
+    assert model_exit_vocabulary(reports, "base", workspace["data"], tokenizer) is None  # not trained here
+    assert model_exit_vocabulary(None, paths.report.stem, workspace["data"], tokenizer) is None
     full = paths_for(workspace, "fullvocab_rebuilt")
     train(variant(steps=2, curriculum="none", timing_steps=0), BASE, full, progress=False)
     assert trained_exit_vocabulary(full.report, workspace["data"], tokenizer) is None
