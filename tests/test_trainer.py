@@ -16,6 +16,7 @@ from exitbench.errors import ExitbenchError
 from exitbench.exit_vocab import model_exit_vocabulary, trained_exit_vocabulary
 from exitbench.models.load import load_causal_lm
 from exitbench.models.tiny import random_llama
+from exitbench.training import distributed as dist_utils
 from exitbench.training import trainer
 from exitbench.training.corpora import DataOrder, Example, build_corpus, collate, pack
 from exitbench.training.trainer import TrainPaths, micro_batches, train
@@ -350,6 +351,23 @@ def test_cli_unknown_variant_is_one_line(workspace, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.strip() == "error: unknown variant 'nope'; known: v"
+
+
+def test_clean_shutdown_lets_gloo_drain_before_the_group_goes(monkeypatch):
+    """The teardown race (exitbench/training/distributed.py, ``shutdown``): after the last barrier the main thread
+    must wait without the GIL before the group can be freed; after an error nothing collective runs."""
+    calls: list[str] = []
+    monkeypatch.setattr(dist_utils.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist_utils.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(dist_utils.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    monkeypatch.setattr(dist_utils.time, "sleep", lambda seconds: calls.append(f"sleep {seconds}"))
+    two_ranks = dist_utils.DistContext(rank=0, world_size=2)
+    dist_utils.shutdown(two_ranks)
+    assert calls == ["barrier", f"sleep {dist_utils._DRAIN_S}", "destroy"] and dist_utils._DRAIN_S >= 0.1
+    calls.clear()
+    dist_utils.shutdown(two_ranks, clean=False)
+    dist_utils.shutdown(dist_utils.DistContext())
+    assert calls == []
 
 
 @pytest.mark.slow
