@@ -18,53 +18,35 @@ Run it with nothing else on the machine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from training_batch import timing_parser, training_batch  # scripts/; puts the repository on sys.path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from exitbench.cli import set_threads  # noqa: E402
-from exitbench.config import load  # noqa: E402
-from exitbench.models.load import load_causal_lm, load_tokenizer  # noqa: E402
-from exitbench.provenance import provenance  # noqa: E402
-from exitbench.training.corpora import build_corpus, collate  # noqa: E402
-from exitbench.training.early_exit_loss import EarlyExitObjective, exit_scales, normalized_weights  # noqa: E402
-from exitbench.training.layer_dropout import keep_mask  # noqa: E402
-from exitbench.training.schedules import dropout_rates, enabled_exits  # noqa: E402
-from exitbench.training.trainer import exit_vocab_coverage, exit_vocabulary, freeze_embeddings  # noqa: E402
+from exitbench.models.load import load_causal_lm
+from exitbench.provenance import provenance
+from exitbench.training.early_exit_loss import EarlyExitObjective, exit_scales, normalized_weights
+from exitbench.training.layer_dropout import keep_mask
+from exitbench.training.schedules import dropout_rates, enabled_exits
+from exitbench.training.trainer import exit_vocab_coverage, exit_vocabulary, freeze_embeddings
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--variant", default="layerskip")
-    parser.add_argument("--models", default="models", help="folder holding the prepared base model (models/base)")
-    parser.add_argument("--data", default="data")
+    parser = timing_parser(__doc__.splitlines()[0], variant="layerskip", repeats=4)
     parser.add_argument("--exit-vocab", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    cfg = load(args.params)
-    set_threads(cfg.base.threads)
-    v = cfg.train.variants[args.variant]
-    base = Path(args.models) / "base"
-    tokenizer = load_tokenizer(base)
-    causal_lm = load_causal_lm(base, "float32", "cpu").train()
+    batch = training_batch(args)
+    cfg, v, tokenizer, corpus = batch.cfg, batch.variant, batch.tokenizer, batch.corpus
+    ids, labels = batch.ids, batch.labels
+    causal_lm = load_causal_lm(batch.base, "float32", "cpu").train()
     if v.freeze_embeddings:
         freeze_embeddings(causal_lm)
-    corpus = build_corpus(v.corpus, Path(args.data), tokenizer, v.seq_len, v.steps * v.batch_size * v.grad_accum,
-                          cfg.base.seed)
     vocab = exit_vocabulary(corpus.examples, args.exit_vocab, [tokenizer.eos_token_id])
     rows = corpus.examples[: v.batch_size]
-    ids, labels = collate(rows, tokenizer.pad_token_id or 0)
     num_tokens = int((labels != -100).sum())
     objective = EarlyExitObjective(causal_lm)
     layers = objective.view.num_layers
