@@ -43,7 +43,7 @@ import torch
 from tqdm import tqdm
 
 from exitbench.config import BenchConfig, Config, check_exit_layers, stage_view
-from exitbench.cost_model import alpha_from_acceptance_rate, fraction_of_ideal, ideal_speedup
+from exitbench.cost_model import SUBVOCAB_TAG, alpha_from_acceptance_rate, fraction_of_ideal, ideal_speedup
 from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import DecodeResult, DecodingMethod, StopRule, build_method, method_class
 from exitbench.decoding.self_speculative import DraftHead
@@ -104,7 +104,7 @@ class SweepEntry:
     options: tuple[tuple[str, int | str], ...] = ()
     exit_layer: int | None = None
     num_speculations: int | None = None
-    tag: str = ""  # distinguishes variants of one method, e.g. "+subvocab"
+    tag: str = ""  # distinguishes variants of one method, e.g. SUBVOCAB_TAG
 
     @property
     def name(self) -> str:
@@ -151,7 +151,7 @@ def sweep_entries(bench: BenchConfig, num_layers: int, draft_vocab_file: str | N
                     entries.append(entry)
             if draft_vocab_file:
                 options = (("exit_layer", exit_layer), ("num_speculations", d), ("draft_vocab_file", draft_vocab_file))
-                entries.append(SweepEntry("self_speculative", options, exit_layer, d, tag="+subvocab"))
+                entries.append(SweepEntry("self_speculative", options, exit_layer, d, tag=SUBVOCAB_TAG))
     return entries
 
 

@@ -22,6 +22,9 @@ from scipy.optimize import brentq
 
 from exitbench.errors import ExitbenchError
 
+#: the label suffix of a ``bench_decoding`` sweep row whose draft proposes from a sub-vocabulary (its own costs)
+SUBVOCAB_TAG = "+subvocab"
+
 
 def _check_alpha(a: float, name: str = "a") -> float:
     if isinstance(a, bool) or not isinstance(a, Real) or not 0.0 <= float(a) <= 1.0:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binomtest
 
-from exitbench.cost_model import predict_speedup
+from exitbench.cost_model import SUBVOCAB_TAG, predict_speedup
 from exitbench.replications import Claim, Paper, Row, claim_paper_values, paper_measure_order
 from exitbench.report.check import (
     INCONCLUSIVE,
@@ -105,8 +105,6 @@ def hoeffding(mean: float, n: int) -> Interval:
     half = math.sqrt(math.log(2 / (1 - CONFIDENCE)) / (2 * n))
     return Interval(mean, max(0.0, mean - half), min(1.0, mean + half), n, method="Hoeffding, values in [0, 1]")
 
-
-SUBVOCAB_TAG = "+subvocab"  # the sweep's label suffix for a method drafting over a sub-vocabulary (bench.py)
 
 # ------------------------------------------------------------------------------------------ per-sample records
 
