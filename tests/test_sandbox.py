@@ -10,7 +10,10 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import platform
+import resource
 import socket
+import tempfile
 import textwrap
 import time
 import uuid
@@ -27,6 +30,44 @@ MIRROR = Path(os.environ.get("EXITBENCH_DATA_MIRROR", Path(__file__).resolve().p
 
 def run(source: str, **kwargs) -> sandbox.SandboxResult:
     return run_program(textwrap.dedent(source), **kwargs)
+
+
+def jail_ids(output: str) -> tuple[str, str]:
+    """The jail's (pid, mnt) namespaces from a program that printed ``JAIL_IDS``."""
+    line = next(line for line in output.splitlines() if line.startswith("jail "))
+    return line.split()[1], line.split()[2]
+
+
+JAIL_IDS = 'import os; print("jail", os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/mnt"), flush=True)\n'
+
+
+def host_leftovers(namespaces: tuple[str, str], temp_before: set[str]) -> dict[str, list]:
+    """What the host still holds of a run: live processes in the jail's PID or mount namespace (a live mount
+    namespace keeps the jail's RAM-backed folders), and new exitbench temp folders."""
+    live = {kind: live_processes_in(name, kind) for kind, name in zip(("pid", "mnt"), namespaces, strict=True)}
+    return {**live, "temp": sorted(exitbench_temp_folders() - temp_before)}
+
+
+def live_processes_in(namespace: str, kind: str) -> list[int]:
+    """The host's own view (independent of the sandbox's code): pids whose ``kind`` namespace is
+    ``namespace``, zombies left out (they hold no memory, files or mounts)."""
+    time.sleep(0.2)
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
+            if os.readlink(f"/proc/{pid}/ns/{kind}") == namespace and state not in (b"Z", b"X"):
+                found.append(int(pid))
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+def exitbench_temp_folders() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("exitbench_")}
+
+
+NOTHING_LEFT = {"pid": [], "mnt": [], "temp": []}
 
 
 @pytest.fixture
@@ -209,8 +250,8 @@ def test_no_process_thread_or_namespace_can_be_made(program: str) -> None:
 
 
 def test_nothing_outlives_the_run() -> None:
-    marker = f"exitbench-survivor-{uuid.uuid4().hex}"
-    run(f"""
+    before = exitbench_temp_folders()
+    result = run(JAIL_IDS + textwrap.dedent("""
         import os, time
         try:
             if os.fork() == 0:
@@ -218,17 +259,76 @@ def test_nothing_outlives_the_run() -> None:
                 time.sleep(60)
         except OSError:
             pass
-        time.sleep(60)  # {marker}
-    """, timeout_s=1)
-    time.sleep(0.2)
-    survivors = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                survivors.append(pid)
-        except OSError:
-            pass
-    assert survivors == []
+        time.sleep(60)
+    """), timeout_s=1)
+    assert result.status == "timeout"
+    assert host_leftovers(jail_ids(result.stdout), before) == NOTHING_LEFT
+
+
+# The jail's init (bwrap, pid 1 of the jail) runs as the jail's user, so the program can write its memory
+# through /proc/1/mem: this puts `prctl(PR_SET_PDEATHSIG, 0); for (;;) pause();` where init's wait returns
+# (x86_64 machine code). Unchecked, init then survives the run with its namespaces and RAM-backed folders.
+HIJACK_INIT = JAIL_IDS + textwrap.dedent("""
+    pc = int(open("/proc/1/syscall").read().split()[-1], 16)
+    code = bytes.fromhex("bf01000000" "31f6" "b89d000000" "0f05" "b822000000" "0f05" "ebf7")
+    with open("/proc/1/mem", "r+b", buffering=0) as memory:
+        memory.seek(pc)
+        memory.write(code)
+    open("/dev/shm/ballast", "wb").write(b"x" * 4_000_000)
+""")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the hijack is x86_64 machine code")
+@pytest.mark.parametrize("entry", ["run_program", "check_completion"])
+def test_a_hijacked_init_does_not_outlive_the_run(entry: str) -> None:
+    before = exitbench_temp_folders()
+    if entry == "run_program":
+        result = run(HIJACK_INIT, timeout_s=2)
+        assert not result.passed  # init never reports the program's exit: the run times out
+        output = result.stdout
+    else:
+        result = check_completion(PROMPT + "    return a + b\n", "\n" + HIJACK_INIT, TEST, "add", timeout_s=2)
+        output = result.stderr  # the program's prints go to its stderr in a check
+    assert host_leftovers(jail_ids(output), before) == NOTHING_LEFT
+
+
+def test_the_die_with_parent_signal_cannot_be_dropped() -> None:
+    result = run("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        print(libc.prctl(1, 0, 0, 0, 0), os.strerror(ctypes.get_errno()))
+    """)
+    assert result.stdout.strip() == "-1 Operation not permitted"
+
+
+def test_standard_streams_are_pipes_not_host_files() -> None:
+    result = run("""
+        import os, stat
+        for fd in (0, 1, 2):
+            mode = os.fstat(fd).st_mode
+            print(fd, "file" if stat.S_ISREG(mode) else "pipe" if stat.S_ISFIFO(mode) else "device")
+    """)
+    assert result.stdout.split() == ["0", "device", "1", "pipe", "2", "pipe"]
+    program = "    return a + b\nimport os, stat\nassert stat.S_ISFIFO(os.fstat(2).st_mode), 'stderr is a file'\n"
+    checked = check_completion(PROMPT, program, TEST, "add")
+    assert checked.passed, checked.stderr
+
+
+def test_a_slow_to_decode_answer_costs_the_verifier_at_most_the_timeout() -> None:
+    # 40,000 integers whose hashes collide: a set of them takes the decoder tens of seconds of CPU
+    completion = textwrap.indent(textwrap.dedent("""
+        import json, os, time
+        items = [["i", format(k * ((1 << 61) - 1), "x")] for k in range(1, 40_001)]
+        os.write(3, (json.dumps(["ok", ["S", items]]) + "\\n").encode())
+        time.sleep(60)
+    """), "    ")
+    timeout_s = 2.0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = check_completion(PROMPT, completion, TEST, "add", timeout_s=timeout_s)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert result.status == "timeout" and "CPU time" in result.stderr
+    assert cpu <= timeout_s + 1.0
 
 
 # --- network -----------------------------------------------------------------------------------------------
@@ -252,7 +352,28 @@ def test_a_server_on_the_hosts_loopback_is_unreachable() -> None:
     "import urllib.request; urllib.request.urlopen('http://1.1.1.1', timeout=2)",
 ])
 def test_no_network(program: str) -> None:
-    assert not run(program).passed
+    result = run(program)
+    assert not result.passed and ("Operation not permitted" in result.stderr or "gaierror" in result.stderr)
+
+
+def test_no_socket_of_any_family_can_be_created() -> None:
+    result = run("""
+        import socket
+        families = {"inet": 2, "inet6": 10, "unix": 1, "netlink": 16, "packet": 17, "vsock": 40, "alg": 38}
+        for name, family in families.items():
+            try:
+                socket.socket(family, socket.SOCK_STREAM if family != 16 else socket.SOCK_RAW).close()
+                print(name, "created")
+            except PermissionError:
+                print(name, "refused")
+        try:
+            socket.socketpair()
+            print("socketpair created")
+        except PermissionError:
+            print("socketpair refused")
+    """)
+    assert result.passed, result.stderr
+    assert [line.split()[1] for line in result.stdout.splitlines()] == ["refused"] * 8, result.stdout
 
 
 def test_a_unix_socket_of_the_host_is_unreachable(tmp_path: Path) -> None:

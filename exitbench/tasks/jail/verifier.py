@@ -13,6 +13,7 @@ import resource
 import select
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -160,10 +161,27 @@ def run_test(spec, channel):
 
 
 def set_limits(spec):
-    def apply():
+    def apply():  # the jail's limits, never above this process's own hard limits (which it cannot raise)
         for kind, soft, hard in spec["limits"]:
+            ceiling = resource.getrlimit(kind)[1]
+            if ceiling != resource.RLIM_INFINITY:
+                soft, hard = min(soft, ceiling), min(hard, ceiling)
             resource.setrlimit(kind, (soft, hard))
     return apply
+
+
+def drain(stream, path, max_bytes):
+    """Copy the jail's stderr pipe into ``path`` (a file of this process's, never handed to the jail): the
+    first ``max_bytes``; the rest is read and dropped so that the program never blocks on it."""
+    kept = 0
+    with open(path, "wb") as out:
+        while True:
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                return
+            piece = chunk[: max(0, max_bytes - kept)]
+            out.write(piece)
+            kept += len(piece)
 
 
 def main():
@@ -171,14 +189,18 @@ def main():
     verdict = {"status": "error", "detail": ""}
     deadline = time.monotonic() + spec["timeout_s"]
     fds = {name: os.open(path, os.O_RDONLY) for name, path in spec["open_fds"].items()}
+    fds.update({name: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                for name, path in spec.get("write_fds", {}).items()})
     argv = [str(fds[a[1:-1]]) if a[1:-1] in fds and a[0] == "{" else a for a in spec["jail"]]
-    with open(spec["stderr_path"], "wb") as err:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, cwd="/",
-            env={}, close_fds=True, preexec_fn=set_limits(spec), pass_fds=tuple(fds.values()),
-        )
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+        env={}, close_fds=True, preexec_fn=set_limits(spec), pass_fds=tuple(fds.values()),
+    )
     for fd in fds.values():
         os.close(fd)
+    reader = threading.Thread(target=drain, args=(proc.stderr, spec["stderr_path"], spec["max_stderr_bytes"]),
+                              daemon=True)
+    reader.start()
     channel = Channel(proc, deadline)
     try:
         first = channel.receive()
@@ -196,6 +218,7 @@ def main():
     finally:
         proc.kill()
         proc.wait()
+        reader.join(timeout=1.0)  # the pipe closes when the jail is gone (the parent reaps what is left)
     sys.stdout.write("\n" + json.dumps(verdict) + "\n")
     sys.stdout.flush()
 
