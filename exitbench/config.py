@@ -4,7 +4,8 @@
 ``profiles.<name>`` with the values each profile overrides. The effective config is
 ``deep_merge(defaults, profiles[profile])``, validated by pydantic in strict mode (unknown keys and wrong
 types are rejected with one line naming the key, the file and what is allowed: ``true`` is not an integer,
-``"2"`` is not a number; an integer is accepted where a float is expected).
+``"2"`` is not a number; an integer is accepted where a float is expected). The file is parsed by
+:class:`StrictLoader`: a key given twice in one mapping is an error naming both lines, not the last one winning.
 
 The ``configure`` stage writes the resolved section(s) each stage uses to ``build/config/<stage>.json``;
 each DVC stage depends on its own file, so switching profile re-runs exactly the stages whose effective
@@ -14,7 +15,7 @@ values changed, and ``dvc.lock`` records the exact values.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -479,10 +480,19 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         return f"{source}: unknown key '{key}'{hint}"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     got = first.get("input")
-    if first["type"] in _EXPECTED:
-        return f"{source}: {key}: expected {_EXPECTED[first['type']]}, got {_shown(got, first['type'])}{more}"
+    expected = type_error_text(first)
+    if expected is not None:
+        return f"{source}: {key}: {expected}{more}"
     got_text = "" if isinstance(got, dict) else f" (got {got!r})"
     return f"{source}: {key}: {first['msg']}{got_text}{more}"
+
+
+def type_error_text(error: Mapping[str, Any]) -> str | None:
+    """A strict-mode type error (one of pydantic's ``err.errors()``) as ``expected an integer, got true``; None
+    for any other error. Method options (:mod:`exitbench.decoding.base`) say their type errors the same way."""
+    if error["type"] not in _EXPECTED:
+        return None
+    return f"expected {_EXPECTED[error['type']]}, got {_shown(error.get('input'), error['type'])}"
 
 
 def _shown(value: Any, error_type: str) -> str:
@@ -586,7 +596,7 @@ def resolve(
     profile of the active one's ``extends`` chain (root first), with the active experiment's overrides right
     after the profile it names."""
     if not isinstance(raw, dict):
-        raise ExitbenchError(f"{source}: expected a mapping at the top level")
+        raise ExitbenchError(f"{source} must be a mapping at its top level, got {_kind(raw)}")
     raw = dict(raw)
     active = profile or raw.pop("profile", "cpu")
     raw.pop("profile", None)
@@ -643,22 +653,66 @@ def resolve(
         raise ExitbenchError(_format_validation_error(err, where)) from None
 
 
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last
+    silently). Keys a ``<<: *anchor`` merge brings in may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # the safe loader's own check says so
+            line = key_node.start_mark.line + 1
+            if key in lines:
+                raise ExitbenchError(f"key {key!r} appears twice (lines {lines[key]} and {line}); keep one")
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path) -> Any:
+    """``path`` parsed by :class:`StrictLoader`: invalid YAML or a repeated key is one line naming the file."""
+    try:
+        return yaml.load(path.read_text(), Loader=StrictLoader)  # a SafeLoader: no arbitrary objects
+    except yaml.YAMLError as err:
+        raise ExitbenchError(f"{path}: not valid YAML ({err.__class__.__name__}: {str(err).splitlines()[0]})") from None
+    except ExitbenchError as err:
+        raise ExitbenchError(f"{path}: {err}") from None
+
+
+def _kind(value: Any) -> str:
+    """What a YAML value is, in words: ``a list``, ``a string``."""
+    kinds = {list: "a list", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def read_params(path: str | Path) -> dict[str, Any]:
+    """``params.yaml`` parsed strictly: a missing or empty file, invalid YAML, a repeated key or a top level that
+    is not a mapping is one line."""
+    path = Path(path)
+    if not path.exists():
+        raise ExitbenchError(f"{path}: not found; run from the repository root or pass --params")
+    raw = read_yaml(path)
+    if raw is None or raw == {}:
+        raise ExitbenchError(
+            f"{path} is empty: it must be a mapping with 'profile' and the stage sections "
+            '(see README "Configuration")'
+        )
+    if not isinstance(raw, dict):
+        raise ExitbenchError(f"{path} must be a mapping at its top level, got {_kind(raw)}")
+    return raw
+
+
 def experiments_of(path: str | Path = "params.yaml") -> dict[str, Experiment]:
     """The experiments params.yaml defines (validated)."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    return parse_experiments(raw.get("experiments", {}) or {}, str(path))
+    return parse_experiments(read_params(path).get("experiments", {}) or {}, str(path))
 
 
 def load(path: str | Path = "params.yaml", profile: str | None = None, experiment: str | None = None) -> Config:
     """Read and validate ``params.yaml`` (the only reader of that file)."""
-    path = Path(path)
-    if not path.exists():
-        raise ExitbenchError(f"{path}: not found; run from the repository root or pass --params")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ExitbenchError(f"{path}: not valid YAML ({err.__class__.__name__}: {str(err).splitlines()[0]})") from None
-    return resolve(raw, str(path), profile, experiment)
+    return resolve(read_params(path), str(path), profile, experiment)
 
 
 def stage_view(config: Config, stage: str) -> dict[str, Any]:

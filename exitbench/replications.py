@@ -18,6 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from exitbench.config import StrictLoader
 from exitbench.errors import ExitbenchError
 
 Task = Literal["cnndm", "xsum", "humaneval", "mbpp", "topv2", "wmt", "squad"]
@@ -434,11 +435,13 @@ def load_paper(path: str | Path) -> Paper:
     """Read and validate one replication file."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=StrictLoader)  # a SafeLoader refusing repeated keys
     except OSError as err:
         raise ExitbenchError(f"{path}: cannot be read ({err.strerror})") from None
     except yaml.YAMLError as err:
         raise ExitbenchError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except ExitbenchError as err:
+        raise ExitbenchError(f"{path}: {err}") from None
     if not isinstance(raw, dict):
         raise ExitbenchError(f"{path}: expected a mapping with id, title, ..., rows")
     try:

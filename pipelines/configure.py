@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 import yaml
+from pydantic import ValidationError
 
 from exitbench import config
 from exitbench.cli import run_stage
 from exitbench.data.io import atomic_write_text
-from exitbench.decoding import REGISTRY, method_class, parse_options
+from exitbench.decoding import REGISTRY, MethodOptions, method_class, parse_options
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import method_stages, stage_code_view, stage_config_view
 from exitbench.models.sources import check_hub_access
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--dvc-yaml", default="dvc.yaml", help="where the evaluate stages are listed")
     args = parser.parse_args()
     cfg = config.load(args.params)
-    config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+    config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=strict_options)
     staged = evaluate_stage_names(Path(args.dvc_yaml))
     check_method_stages(cfg, staged)
     for line in render_plan(cfg, build_plan(cfg, lambda label: method_class(label).exact)):
@@ -55,6 +56,22 @@ def main() -> None:
         atomic_write_text(out / f"train-{variant}.json", json.dumps(view, indent=2, sort_keys=True) + "\n")
     write_method_configs(cfg, staged, out / "evaluate")
     print(f"configure: profile '{cfg.profile}' -> {out}/ ({len(config.STAGE_SECTIONS)} stages)")
+
+
+def strict_options(name: str, options: dict | None) -> MethodOptions:
+    """A method's options validated as the config sections are (strict: ``true`` is not an integer, ``"2"``
+    not a number; an integer is a valid float), so that no stage config carries a value the stage would
+    coerce. Stages parse their own (already checked) options leniently."""
+    parse_options(name, options)  # unknown options and values out of range, in the method's own words
+    cls = method_class(name)
+    try:
+        return cls.Options.model_validate(options or {}, strict=True)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        problem = config.type_error_text(first) or first["msg"]
+        raise ExitbenchError(f"method '{name}': option '{key}': {problem} "
+                             f"(options: {', '.join(sorted(cls.Options.model_fields))})") from None
 
 
 def evaluate_stage_names(dvc_yaml: Path) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -91,13 +92,22 @@ def test_unknown_key_lists_allowed_keys():
         config.resolve({"bench": {"exit_layer": [1]}})
 
 
+def configure_stage():
+    """pipelines/configure.py as a module (its strict method-option check is what `configure` runs)."""
+    spec = importlib.util.spec_from_file_location("configure_stage", REPO / "pipelines" / "configure.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def check_references(raw: dict) -> None:
-    from exitbench.decoding import REGISTRY, parse_options
+    from exitbench.decoding import REGISTRY
     from exitbench.tasks.registry import TASKS
 
     variants = {"train": {"variants": {"layerskip": {}, "calm": {"recipe": "calm"}}}}
     cfg = config.resolve(config.deep_merge(variants, raw))
-    config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
+    strict = configure_stage().strict_options
+    config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=strict)
 
 
 def test_repository_params_name_only_known_models_tasks_and_methods():
@@ -133,6 +143,78 @@ def test_unknown_model_task_or_method_is_one_line_naming_key_and_allowed(raw, ex
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"evaluate": {"methods": {"early_exit": {"exit_layer": True}}}},
+         "evaluate.methods.early_exit: method 'early_exit': option 'exit_layer': expected an integer, got true"),
+        ({"evaluate": {"methods": {"self_speculative": {"exit_layer": 8, "num_speculations": "2"}}}},
+         "option 'num_speculations': expected an integer, got \"2\" (text, not a number"),
+        ({"evaluate": {"methods": {"layer_skip_draft": {"skip_layers": [2, False], "num_speculations": 1}}}},
+         "option 'skip_layers.1': expected an integer, got false"),
+        ({"throughput": {"methods": {"calm": {"threshold": True}}}},
+         "throughput.methods.calm: method 'calm': option 'threshold': expected a number, got true"),
+    ],
+)
+def test_method_option_of_the_wrong_type_is_one_line_naming_method_option_and_value(raw, expected):
+    with pytest.raises(ExitbenchError) as info:
+        check_references(raw)
+    message = str(info.value)
+    assert message.startswith("params.yaml (profile 'cpu'): ") and expected in message
+    assert "\n" not in message
+
+
+def test_method_options_take_ints_as_floats():
+    assert configure_stage().strict_options("calm", {"threshold": 1}).threshold == 1.0
+
+
+def write_params(tmp_path: Path, text: str) -> Path:
+    params = tmp_path / "params.yaml"
+    params.write_text(text)
+    return params
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("\nprofile: cpu\n", "\nprofile: cpu\nprofile: smoke\n", "key 'profile' appears twice (lines 9 and 10)"),
+        ("  seed: 1234\n", "  seed: 1234\n  seed: 7\n", "key 'seed' appears twice (lines 13 and 14); keep one"),
+        ("      recipe: plain\n", "      recipe: plain\n      recipe: calm\n", "key 'recipe' appears twice (lines"),
+    ],
+)
+def test_duplicated_key_in_params_file_is_refused_naming_key_and_lines(tmp_path, old, new, expected):
+    text = (REPO / "params.yaml").read_text()
+    assert text.count(old) == 1
+    params = write_params(tmp_path, text.replace(old, new))
+    for read in (config.load, config.experiments_of):
+        with pytest.raises(ExitbenchError) as info:
+            read(params)
+        assert str(info.value).startswith(f"{params}: {expected}")
+        assert "\n" not in str(info.value)
+
+
+def test_strict_loader_lets_a_merge_key_be_overridden():
+    text = "a: &x {steps: 1, lr: 2}\nb: {<<: *x, steps: 3}\n"
+    assert yaml.load(text, Loader=config.StrictLoader)["b"] == {"steps": 3, "lr": 2}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "is empty: it must be a mapping with 'profile' and the stage sections (see README \"Configuration\")"),
+        ("# nothing but a comment\n", "is empty: it must be a mapping with 'profile'"),
+        ("- profile: cpu\n", "must be a mapping at its top level, got a list"),
+        ("cpu\n", "must be a mapping at its top level, got a string"),
+    ],
+)
+def test_empty_or_non_mapping_params_file_says_so(tmp_path, text, expected):
+    params = write_params(tmp_path, text)
+    for read in (config.load, config.experiments_of):
+        with pytest.raises(ExitbenchError) as info:
+            read(params)
+        assert str(info.value).startswith(f"{params} {expected}")
+
+
 def test_stage_view_holds_only_the_sections_a_stage_reads():
     cfg = config.resolve({})
     view = config.stage_view(cfg, "train")
@@ -159,6 +241,10 @@ def test_load_stage_roundtrip(tmp_path):
         ("\ncheck:\n", "\nchecks: {}\ncheck:\n", "unknown key 'checks'; allowed keys here: base, bench"),
         ("evaluate:\n  models: [base, plain, layerskip, calm]", "evaluate:\n  models: [base, plain, layerskip, clam]",
          "evaluate.models: unknown model 'clam'"),
+        ("\nprofile: cpu\n", "\nprofile: cpu\nprofile: smoke\n",
+         "key 'profile' appears twice (lines 9 and 10); keep one"),
+        ("early_exit@15: {exit_layer: 15}", "early_exit@15: {exit_layer: true}",
+         "evaluate.methods.early_exit@15: method 'early_exit@15': option 'exit_layer': expected an integer, got true"),
     ],
 )
 def test_wrong_key_in_params_file_is_one_line_without_traceback(tmp_path, old, new, expected):
