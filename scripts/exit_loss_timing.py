@@ -10,7 +10,8 @@ forward + backward under the variant's settings (bf16 autocast, layer dropout, f
 Settings are timed in turn inside every repeat (interleaved, so a change of load hits all of them); the
 rotational ones cycle through the rotation's steps across repeats (their number of head evaluations varies).
 Reported: median seconds per forward + backward and loss tokens trained per second; the optimizer step is the
-same for all and left out. Not a DVC stage: it measures what ``exit_vocab_size`` buys (README, "Training").
+same for all and left out. Not a DVC stage: it measures what ``exit_vocab_size`` buys (docs/training.md,
+"Training cost on a CPU").
 Run it with nothing else on the machine.
 
     python scripts/exit_loss_timing.py --variant layerskip --exit-vocab 2048 --repeats 4 --out /tmp/exit_timing.json

@@ -9,7 +9,7 @@ NAME:BASE:key=value,...``), trained for ``--steps`` steps, then measured the way
   self-speculative draft's acceptance follows);
 - training seconds per step and trained tokens per second.
 
-Not a DVC stage: it informs the choice of the cpu profile's recipe (README, "Training recipe sweep").
+Not a DVC stage: it informs the choice of the cpu profile's recipe (docs/training.md, "Training recipe sweep").
 Run one sweep at a time with nothing else on the machine (step times are measured).
 
     python scripts/recipe_sweep.py --steps 120 --out /tmp/sweep.json \\
