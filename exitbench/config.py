@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from exitbench.errors import ExitbenchError
 
-PROFILES = ("cpu", "smoke", "paper", "paper_dry")
+PROFILES = ("cpu", "smoke", "twin", "paper", "paper_dry")
 
 
 class Section(BaseModel):
@@ -318,27 +318,31 @@ class CheckConfig(Section):
 
 
 class RoleSource(Section):
-    """Where one role's model comes from in an experiment: a hub checkpoint, or trained here from the base."""
+    """Where one role's model comes from in an experiment: a hub checkpoint, the profile's own model (the embedded
+    SmolLM2 of the cpu profile: a CPU-scale twin of a paper experiment), or trained here from the base."""
 
     hub_id: str = ""
     revision: str = "main"
+    embedded: bool = Field(False, description="the profile's own model (model.source), for the base role")
     train: bool = Field(False, description="finetune the experiment's base with train.variants.<role>")
 
     @model_validator(mode="after")
     def _one_source(self) -> RoleSource:
-        if bool(self.hub_id) == self.train:
-            raise ValueError("give either hub_id (a released checkpoint) or train: true (finetuned here), not both")
+        if [bool(self.hub_id), self.embedded, self.train].count(True) != 1:
+            raise ValueError("give one of hub_id (a released checkpoint), embedded: true (the profile's own model) "
+                             "or train: true (finetuned here)")
         return self
 
 
 class Experiment(Section):
-    """One of a paper's experiments: its models by role, and the settings it is measured with.
+    """One of a paper's experiments, or its CPU-scale twin: its models by role, and the settings it is measured with.
 
-    ``models.base`` is the pretrained checkpoint (the untrained reference, and what trained roles start from);
-    every other role is a ``train.variants`` key, either released (``hub_id``) or trained here (``train: true``);
-    a role left out is not part of the experiment. ``settings`` overrides the stage sections after ``profile``'s
-    own overrides; ``rows`` are the replication rows it measures (``replications/*.yaml``; a test checks that the
-    settings match each row's E, d, task and token limit).
+    ``models.base`` is the pretrained checkpoint (the untrained reference, and what trained roles start from): a hub
+    checkpoint, or ``embedded: true`` for the profile's own model; every other role is a ``train.variants`` key,
+    either released (``hub_id``) or trained here (``train: true``); a role left out is not part of the experiment.
+    ``settings`` overrides the stage sections after ``profile``'s own overrides; ``rows`` are the replication rows
+    it measures (``replications/*.yaml``; a test checks that the settings match each row's E (or E/L), d, task and
+    token limit).
     """
 
     profile: str
@@ -351,14 +355,17 @@ class Experiment(Section):
     def _base_is_released(self) -> Experiment:
         base = self.models.get("base")
         if base is None or base.train:
-            raise ValueError("models.base must name the pretrained checkpoint (hub_id)")
+            raise ValueError("models.base must name the pretrained checkpoint (hub_id, or embedded: true)")
+        embedded = sorted(role for role, spec in self.models.items() if spec.embedded and role != "base")
+        if embedded:
+            raise ValueError(f"models.{embedded[0]}: only models.base can be the embedded model; give hub_id or train")
         return self
 
 
 class Config(Section):
     """The effective configuration of one profile."""
 
-    profile: Literal["cpu", "smoke", "paper", "paper_dry"]
+    profile: Literal["cpu", "smoke", "twin", "paper", "paper_dry"]
     experiment: str = Field("", description="the experiments.<name> applied, if any")
     base: BaseConfig = BaseConfig()
     model: ModelConfig = ModelConfig()
@@ -575,7 +582,8 @@ def experiment_overrides(name: str, experiment: Experiment, merged: dict[str, An
             "(a role other than base is a train.variants key)"
         )
     base = experiment.models["base"]
-    overrides: dict[str, Any] = {"model": {"source": "hub", "hub_id": base.hub_id, "revision": base.revision}}
+    overrides: dict[str, Any] = {} if base.embedded else {
+        "model": {"source": "hub", "hub_id": base.hub_id, "revision": base.revision}}
     sources: dict[str, Any] = {}
     for role in variants:
         spec = roles.get(role)

@@ -18,10 +18,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def every_run() -> list[tuple[str, str]]:
-    """(profile, experiment) for every profile: each paper experiment under paper and paper_dry."""
+    """(profile, experiment) for every profile: each paper experiment under paper and paper_dry, each twin under
+    twin."""
     experiments = config.experiments_of(REPO / "params.yaml")
-    return [(profile, name) for profile in config.PROFILES
-            for name in ([n for n, e in experiments.items() if e.profile == "paper"] if "paper" in profile else [""])]
+    def names(profile: str) -> list[str]:
+        if profile == "twin":
+            return [n for n, e in experiments.items() if e.profile == "twin"]
+        return [n for n, e in experiments.items() if e.profile == "paper"] if "paper" in profile else [""]
+
+    return [(profile, name) for profile in config.PROFILES for name in names(profile)]
 
 
 def test_repository_params_resolve_for_every_profile():
@@ -177,14 +182,17 @@ def write_params(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
-        ("\nprofile: cpu\n", "\nprofile: cpu\nprofile: smoke\n", "key 'profile' appears twice (lines 9 and 10)"),
-        ("  seed: 1234\n", "  seed: 1234\n  seed: 7\n", "key 'seed' appears twice (lines 13 and 14); keep one"),
-        ("      recipe: plain\n", "      recipe: plain\n      recipe: calm\n", "key 'recipe' appears twice (lines"),
+        ("\nprofile: cpu\n", "\nprofile: cpu\nprofile: smoke\n", "key 'profile' appears twice (lines {0} and {1})"),
+        ("  seed: 1234\n", "  seed: 1234\n  seed: 7\n", "key 'seed' appears twice (lines {0} and {1}); keep one"),
+        ("      recipe: plain\n", "      recipe: plain\n      recipe: calm\n",
+         "key 'recipe' appears twice (lines {0} and {1})"),
     ],
 )
 def test_duplicated_key_in_params_file_is_refused_naming_key_and_lines(tmp_path, old, new, expected):
     text = (REPO / "params.yaml").read_text()
     assert text.count(old) == 1
+    line = text[: text.index(old) + len(old.rstrip("\n"))].count("\n") + 1  # the key's line, the repeat's the next
+    expected = expected.format(line, line + 1)
     params = write_params(tmp_path, text.replace(old, new))
     for read in (config.load, config.experiments_of):
         with pytest.raises(ExitbenchError) as info:
@@ -241,9 +249,8 @@ def test_load_stage_roundtrip(tmp_path):
         ("\ncheck:\n", "\nchecks: {}\ncheck:\n", "unknown key 'checks'; allowed keys here: base, bench"),
         ("evaluate:\n  models: [base, plain, layerskip, calm]", "evaluate:\n  models: [base, plain, layerskip, clam]",
          "evaluate.models: unknown model 'clam'"),
-        ("\nprofile: cpu\n", "\nprofile: cpu\nprofile: smoke\n",
-         "key 'profile' appears twice (lines 9 and 10); keep one"),
-        ("early_exit@15: {exit_layer: 15}", "early_exit@15: {exit_layer: true}",
+        ("\nprofile: cpu\n", "\nprofile: cpu\nprofile: smoke\n", "key 'profile' appears twice (lines"),
+        ("\n    early_exit@15: {exit_layer: 15}", "\n    early_exit@15: {exit_layer: true}",
          "evaluate.methods.early_exit@15: method 'early_exit@15': option 'exit_layer': expected an integer, got true"),
     ],
 )

