@@ -35,6 +35,7 @@ def expected_files(cfg: config.Config) -> list[Path]:
         Path("results/metrics.json"),
         Path("results/check.md"),
         Path("results/check.json"),
+        Path("results/index.html"),
     ]
     return files
 
