@@ -94,7 +94,7 @@ def test_adding_a_method_reruns_its_own_stage_only():
 
         log = _dvc(root, "repro")
         ran = set(re.findall(r"Running stage '([^']+)'", log))
-        assert ran == {"configure", f"evaluate@{NAME}", "report", "check"}, ran
+        assert ran == {"configure", f"evaluate@{NAME}", "report", "check", "page"}, ran
         summaries = sorted((root / "results" / "eval" / NAME).glob("*/*/*.json"))
         assert summaries, "the new stage wrote no summary"
         for path in summaries:
