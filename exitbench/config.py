@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from exitbench.errors import ExitbenchError
 
 PROFILES = ("cpu", "smoke", "twin", "paper", "paper_dry")
+RESULTS_ROOT = "results"
 
 
 class Section(BaseModel):
@@ -549,6 +550,21 @@ def profile_chain(profiles: dict[str, Any], active: str, source: str = "params.y
         chain.insert(0, parent)
 
 
+def results_root_for(profile: str, experiment: str) -> str:
+    """Where a run's results go: ``results/twins/<experiment>`` for a CPU-scale twin (so that running one twin
+    never overwrites another's, nor the default run's), ``results`` otherwise."""
+    return f"{RESULTS_ROOT}/twins/{experiment}" if profile == "twin" and experiment else RESULTS_ROOT
+
+
+def check_results_root(value: Any, source: str = "params.yaml") -> str:
+    """``results_root`` (read by dvc.yaml, set by use_profile.py): ``results`` or a folder under it."""
+    if not isinstance(value, str) or not (value == RESULTS_ROOT or value.startswith(f"{RESULTS_ROOT}/")) \
+            or ".." in value.split("/"):
+        raise ExitbenchError(f"{source}: results_root must be '{RESULTS_ROOT}' or a folder under it, got {value!r}; "
+                             "set it with `python pipelines/use_profile.py PROFILE [--experiment NAME]`")
+    return value
+
+
 def parse_experiments(raw: Any, source: str = "params.yaml") -> dict[str, Experiment]:
     """The ``experiments`` section, each entry validated (one line naming the experiment and the key)."""
     if not isinstance(raw, dict):
@@ -611,6 +627,7 @@ def resolve(
     chosen = raw.pop("experiment", "") if experiment is None else experiment
     raw.pop("experiment", None)
     chosen = chosen or ""
+    check_results_root(raw.pop("results_root", RESULTS_ROOT), source)
     experiments = parse_experiments(raw.pop("experiments", {}) or {}, source)
     profiles = raw.pop("profiles", {}) or {}
     if not isinstance(profiles, dict):

@@ -3,8 +3,9 @@
     python pipelines/use_profile.py smoke
     python pipelines/use_profile.py paper --experiment layerskip_topv2_llama32_1b
 
-Only the `profile:` and `experiment:` lines change; `configure` then rewrites the resolved configs, and DVC
-re-runs exactly the stages whose effective settings differ.
+Only the `profile:`, `experiment:` and `results_root:` lines change (a twin's results go to
+results/twins/<experiment>, so it never overwrites another run's); `configure` then rewrites the resolved
+configs, and DVC re-runs exactly the stages whose effective settings or outputs differ.
 """
 
 from __future__ import annotations
@@ -35,9 +36,14 @@ def main() -> None:
     new_text, count = re.subn(r"""(?m)^experiment:[ \t]*("[^"\n]*"|'[^'\n]*'|[^\s#]*)""", line, new_text, count=1)
     if count != 1:
         new_text = re.sub(r"(?m)^(profile:.*)$", rf"\1\n{line}", new_text, count=1)
+    root = config.results_root_for(args.profile, args.experiment)
+    line = f"results_root: {root}"
+    new_text, count = re.subn(r"(?m)^results_root:[ \t]*[^\s#]*", line, new_text, count=1)
+    if count != 1:
+        new_text = re.sub(r"(?m)^(experiment:.*)$", rf"\1\n{line}", new_text, count=1)
     atomic_write_text(path, new_text)
     chosen = f", experiment {args.experiment}" if args.experiment else ""
-    print(f"profile: {args.profile}{chosen} (in {path}); now run `dvc repro`")
+    print(f"profile: {args.profile}{chosen}, results in {root}/ (in {path}); now run `dvc repro`")
 
 
 if __name__ == "__main__":

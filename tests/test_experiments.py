@@ -262,3 +262,25 @@ def test_a_twin_base_names_one_source():
     raw = raw_with(models={"base": {"embedded": True, "hub_id": "org/base"}, "layerskip": {"train": True}})
     with pytest.raises(ExitbenchError, match="give one of hub_id"):
         config.resolve({**raw, "experiment": "exp", "profile": "paper"})
+
+
+def test_a_twin_writes_its_results_to_a_folder_of_its_own(tmp_path, monkeypatch):
+    assert config.results_root_for("cpu", "") == "results"
+    assert config.results_root_for("twin", "layerskip_topv2_cpu") == "results/twins/layerskip_topv2_cpu"
+    assert config.results_root_for("paper", "calm_llama32_1b") == "results"
+    params = tmp_path / "params.yaml"
+    params.write_text(PARAMS.read_text())
+    use_profile = runpy.run_path(str(REPO / "pipelines" / "use_profile.py"))["main"]
+    for profile, name, root in (("twin", "layerskip_topv2_cpu", "results/twins/layerskip_topv2_cpu"),
+                                ("cpu", "", "results")):
+        argv = ["use_profile.py", profile, "--params", str(params)] + (["--experiment", name] if name else [])
+        monkeypatch.setattr("sys.argv", argv)
+        use_profile()
+        assert f"\nresults_root: {root}" in params.read_text()
+        assert config.load(params).experiment == name
+
+
+@pytest.mark.parametrize("root", ["/tmp/elsewhere", "results/../outside", "models", 3])
+def test_a_results_root_outside_results_is_one_line(root):
+    with pytest.raises(ExitbenchError, match="results_root must be 'results' or a folder under it"):
+        config.resolve({"results_root": root})
