@@ -125,14 +125,16 @@ def plot(curves: dict[str, dict[str, Any]], layers: list[int], out: Path) -> Pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("plain", type=Path)
-    parser.add_argument("layerskip", type=Path)
+    parser.add_argument("layerskip", type=Path, nargs="?", help="absent: plain's curve alone")
     parser.add_argument("--out", type=Path, required=True, help="path without suffix")
     args = parser.parse_args()
-    curves = {"plain": load(args.plain), "layerskip": load(args.layerskip)}
-    layers = curves["layerskip"]["exit_layers"]
+    curves = {"plain": load(args.plain)}
+    if args.layerskip is not None and args.layerskip.exists():
+        curves["layerskip"] = load(args.layerskip)
+    layers = curves["plain"]["exit_layers"]
     mid, deep = layers[len(layers) // 2], layers[-1]
     png = plot(curves, layers, args.out)
-    summary = targets(curves["plain"], curves["layerskip"], mid, deep)
+    summary = targets(curves["plain"], curves.get("layerskip", {"snapshots": []}), mid, deep)
     summary_path = args.out.parent / f"{args.out.name}_targets.json"
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {png} and {summary_path}")
