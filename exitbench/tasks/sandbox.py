@@ -330,6 +330,11 @@ def _limits(timeout_s: float, memory_mb: int, max_output_bytes: int) -> list[tup
         (resource.RLIMIT_NPROC, _MAX_PROCESSES, _MAX_PROCESSES),
         (resource.RLIMIT_CORE, 0, 0),
     ]
+    return _capped(wanted)
+
+
+def _capped(wanted: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``wanted`` (resource, soft, hard) limits, each capped by this process's own hard limit (never raised)."""
     capped = []
     for kind, soft, hard in wanted:
         ceiling = resource.getrlimit(kind)[1]
@@ -555,14 +560,8 @@ def verifier_limits(timeout_s: float, memory_mb: int) -> list[tuple[int, int, in
     ``ceil(timeout_s)`` s, its hard limit one second later) and the jail's memory plus 512 MiB."""
     cpu = math.ceil(timeout_s)
     memory = (memory_mb + 512) * 2**20
-    wanted = [(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory), (resource.RLIMIT_CORE, 0, 0)]
-    capped = []
-    for kind, soft, hard in wanted:
-        ceiling = resource.getrlimit(kind)[1]
-        if ceiling != resource.RLIM_INFINITY:
-            soft, hard = min(soft, ceiling), min(hard, ceiling)
-        capped.append((kind, soft, hard))
-    return capped
+    return _capped([(resource.RLIMIT_CPU, cpu, cpu + 1), (resource.RLIMIT_AS, memory, memory),
+                    (resource.RLIMIT_CORE, 0, 0)])
 
 
 def _verify_in(how: Isolation, src: str, out: str, test_spec: dict, timeout_s: float, memory_mb: int,
