@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -131,10 +133,7 @@ def main() -> None:
     name = f"curve-{args.variant}"
     paths = TrainPaths(Path(args.base_model), Path(args.data), work / "models" / name, work / "checkpoints" / name,
                        work / "train" / f"{name}.json")
-    torch_seed = cfg.base.seed
-    import torch
-
-    torch.manual_seed(torch_seed)
+    torch.manual_seed(cfg.base.seed)
     with dist_utils.session("none", torch.device("cpu")) as ctx:
         run, tokenizer = build_run(variant, cfg.base, paths, ctx)
         state = restore(run, paths.checkpoints)
