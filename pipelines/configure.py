@@ -3,9 +3,10 @@
 Validation covers types and keys, and that every model, task and method named exists (the registries of
 :mod:`exitbench.tasks` and :mod:`exitbench.decoding`), so a typo fails here, before any stage computes.
 
-It prints the plan first (:mod:`exitbench.plan`: each stage's work and estimated device-hours), and a
+It prints the plan first (:mod:`exitbench.plan`: each stage's work and estimated device time), and a
 profile that runs on CUDA stops here, with one line, on a machine without it (unless the user opts in), as
-does one whose hub checkpoints cannot be had (not cached, unreachable, gated without a token).
+does a CPU run whose estimate is past its ``budget.minutes``, and one whose hub checkpoints cannot be had (not
+cached, unreachable, gated without a token).
 
 Every other stage depends on its own file here, so switching profile re-runs exactly the stages whose
 effective values changed.
@@ -28,7 +29,14 @@ from exitbench.decoding import REGISTRY, MethodOptions, method_class, parse_opti
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import method_stages, stage_code_view, stage_config_view
 from exitbench.models.sources import check_hub_access
-from exitbench.plan import build_plan, hub_sources, render_plan, require_cuda
+from exitbench.plan import (
+    build_plan,
+    check_cpu_budget,
+    check_planned_exit_layers,
+    hub_sources,
+    render_plan,
+    require_cuda,
+)
 from exitbench.tasks.registry import TASKS
 
 
@@ -42,9 +50,12 @@ def main() -> None:
     config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=strict_options)
     staged = evaluate_stage_names(Path(args.dvc_yaml))
     check_method_stages(cfg, staged)
-    for line in render_plan(cfg, build_plan(cfg, lambda label: method_class(label).exact)):
+    check_planned_exit_layers(cfg)
+    plan = build_plan(cfg, lambda label: method_class(label).exact)
+    for line in render_plan(cfg, plan):
         print(line)
     require_cuda(cfg, torch.cuda.is_available())
+    check_cpu_budget(cfg, plan)
     check_hub_access(hub_sources(cfg))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

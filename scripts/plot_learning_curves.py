@@ -5,9 +5,11 @@ the steps each of the `topv2` twin's targets needs.
         results/learning_curves/topv2_layerskip.json --out results/learning_curves/topv2
 
 Writes ``<out>.png`` (three panels: last-layer exact match, early-exit quality fraction and self-speculative
-acceptance at each depth, 95% intervals) and ``<out>_targets.json``: per target, the curve's value at its last
-snapshot and the steps at which a straight line in log(steps) through the last two snapshots would reach the
-target (a projection from two points, not a measurement: it says roughly how far, not when).
+acceptance at each depth, 95% intervals; with ``--twin``, the twin run's own measurement at its step budget as
+open markers: its larger quality sample, and acceptance at the twin's d) and ``<out>_targets.json``: per target,
+the curve's value at its last snapshot and the steps at which a straight line in log(steps) through the last two
+snapshots would reach the target (a projection from two points, not a measurement: it says roughly how far, not
+when).
 """
 
 from __future__ import annotations
@@ -88,7 +90,40 @@ def targets(plain: dict[str, Any], layerskip: dict[str, Any], mid: int, deep: in
     }
 
 
-def plot(curves: dict[str, dict[str, Any]], layers: list[int], out: Path) -> Path:
+def _interval(summary: dict[str, Any], metric: str, value: float | None) -> dict[str, Any] | None:
+    stored = summary.get("intervals", {}).get(metric)
+    if stored:
+        return {key: stored[key] for key in ("estimate", "low", "high", "n")}
+    return None if value is None else {"estimate": value, "low": value, "high": value, "n": summary["num_samples"]}
+
+
+def twin_snapshot(root: Path, model: str, layers: list[int]) -> dict[str, Any] | None:
+    """The twin run's own measurement of ``model`` as one snapshot (its step budget, its quality sample and its
+    timing sample at the twin's d): last-layer EM, early-exit EM and fraction, self-speculative acceptance."""
+    report = root / "train" / f"{model}.json"
+    greedy = root / "eval" / "autoregressive" / model / "topv2" / "autoregressive.json"
+    if not report.exists() or not greedy.exists():
+        return None
+    last = load(greedy)
+    snap: dict[str, Any] = {"step": load(report)["steps"],
+                            "em_last": _interval(last, "exact_match", last["quality"].get("exact_match"))}
+    for layer in layers:
+        early = root / "eval" / "early_exit" / model / "topv2" / f"early_exit@{layer}.json"
+        if early.exists():
+            summary = load(early)
+            snap[f"em@{layer}"] = _interval(summary, "exact_match", summary["quality"].get("exact_match"))
+            fraction = summary.get("intervals", {}).get("fraction_of_greedy/exact_match")
+            snap[f"em_fraction@{layer}"] = fraction["estimate"] if fraction else None
+        spec = root / "eval" / "self_speculative" / model / "topv2" / f"self_speculative@{layer}.json"
+        if spec.exists():
+            summary = load(spec)
+            snap[f"acceptance@{layer}"] = _interval(summary, "acceptance_rate", summary["speed"].get("acceptance_rate"))
+            snap[f"d@{layer}"] = summary["options"].get("num_speculations")
+    return snap
+
+
+def plot(curves: dict[str, dict[str, Any]], layers: list[int], out: Path,
+         twin: dict[str, dict[str, Any]] | None = None) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     colors = {"plain": "tab:gray", "layerskip": "tab:blue"}
     for name, curve in curves.items():
@@ -102,6 +137,22 @@ def plot(curves: dict[str, dict[str, Any]], layers: list[int], out: Path) -> Pat
             axes[1].plot(f_steps, values, style, marker="o", color=colors.get(name), label=f"{name} E={layer}")
             a_steps, a_mid, _, _ = series(curve, f"acceptance@{layer}")
             axes[2].plot(a_steps, a_mid, style, marker="o", color=colors.get(name), label=f"{name} E={layer}")
+    for name, snap in (twin or {}).items():  # the twin's own run: its quality sample, its d
+        color, step = colors.get(name), snap["step"]
+        em = snap.get("em_last")
+        if em:
+            error = [[em["estimate"] - em["low"]], [em["high"] - em["estimate"]]]
+            axes[0].errorbar([step], [em["estimate"]], yerr=error, marker="s", ms=8, mfc="none", capsize=3, color=color,
+                             label=f"{name}: twin run (n={em['n']})")
+        for index, layer in enumerate(layers):
+            marker = ["s", "D", "^"][index % 3]
+            if snap.get(f"em_fraction@{layer}") is not None:
+                axes[1].plot([step], [snap[f"em_fraction@{layer}"]], marker, ms=8, mfc="none", color=color,
+                             label=f"{name} E={layer}: twin run")
+            acceptance = snap.get(f"acceptance@{layer}")
+            if acceptance:
+                axes[2].plot([step], [acceptance["estimate"]], marker, ms=8, mfc="none", color=color,
+                             label=f"{name} E={layer}: twin run (d={snap.get(f'd@{layer}')}, n={acceptance['n']})")
     axes[0].axhline(TARGETS["plain_em"], color="black", lw=0.8, ls="--", label="target 0.50")
     axes[1].axhline(TARGETS["exit_fraction_deep"], color="black", lw=0.8, ls="--", label="target 0.50 (E/L 0.75)")
     axes[2].axhline(TARGETS["acceptance_mid"], color="black", lw=0.8, ls="--", label="target 0.80 (E/L 0.5)")
@@ -127,14 +178,22 @@ def main() -> None:
     parser.add_argument("plain", type=Path)
     parser.add_argument("layerskip", type=Path, nargs="?", help="absent: plain's curve alone")
     parser.add_argument("--out", type=Path, required=True, help="path without suffix")
+    parser.add_argument("--twin", type=Path, help="a twin's results folder: its own run drawn at its step budget")
     args = parser.parse_args()
     curves = {"plain": load(args.plain)}
     if args.layerskip is not None and args.layerskip.exists():
         curves["layerskip"] = load(args.layerskip)
     layers = curves["plain"]["exit_layers"]
     mid, deep = layers[len(layers) // 2], layers[-1]
-    png = plot(curves, layers, args.out)
+    twin = {}
+    if args.twin is not None:
+        twin = {name: snap for name in curves if (snap := twin_snapshot(args.twin, name, layers)) is not None}
+        if not twin:
+            raise SystemExit(f"--twin: no training report and greedy result of plain or layerskip under {args.twin}")
+    png = plot(curves, layers, args.out, twin)
     summary = targets(curves["plain"], curves.get("layerskip", {"snapshots": []}), mid, deep)
+    if twin:
+        summary["twin_run"] = {name: {k: v for k, v in snap.items()} for name, snap in twin.items()}
     summary_path = args.out.parent / f"{args.out.name}_targets.json"
     summary_path.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {png} and {summary_path}")

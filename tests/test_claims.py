@@ -14,7 +14,15 @@ import pytest
 from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import claim_paper_values, load_paper, load_replications
-from exitbench.report.check import INCONCLUSIVE, NOT_COMPARABLE, NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, Band
+from exitbench.report.check import (
+    INCONCLUSIVE,
+    NOT_COMPARABLE,
+    NOT_MEASURED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Band,
+    run_check,
+)
 from exitbench.report.claims import (
     claim_band,
     clopper_pearson,
@@ -22,7 +30,8 @@ from exitbench.report.claims import (
     interval_verdict,
     run_claims,
 )
-from exitbench.report.results import load_results
+from exitbench.report.results import MIN_SPEED_PROMPTS, load_results
+from exitbench.report.tables import Estimate, fmt_estimate
 from exitbench.stats import Interval, mean_interval, ratio_interval
 
 REPO = Path(__file__).resolve().parent.parent
@@ -200,7 +209,7 @@ def _sweep_row(speedup_factor: float, exit_layer: int) -> dict[str, Any]:
     predicted = predict_speedup(0.5, 2, 0.4, 0.7)["predicted_speedup"]
     return {"model": "layerskip", "dtype": "float32", "method": "self_speculative", "exit_layer": exit_layer,
             "num_speculations": 2, "time_per_token_ms": 10.0, "speedup_vs_greedy": predicted * speedup_factor,
-            "acceptance_rate": 0.5, "c_draft": 0.4, "c_verify": 0.7, "num_prompts": 4, "max_new_tokens": 32}
+            "acceptance_rate": 0.5, "c_draft": 0.4, "c_verify": 0.7, "num_prompts": 16, "max_new_tokens": 32}
 
 
 def _calibration(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -316,19 +325,49 @@ def test_a_speed_up_of_outputs_that_score_nothing_is_not_reproduced(fake_results
 
 def test_sweep_bound_carries_the_sweeps_speed_up_and_acceptance_intervals(fake_results: Path) -> None:
     """measured / predicted over a sweep row: the speed-up interval over the prediction at the acceptance
-    interval's ends (the prediction rises with acceptance), so a ratio of 0.9 from 4 noisy prompts straddles 1.05."""
+    interval's ends (the prediction rises with acceptance), so a ratio of 0.9 from 16 noisy prompts straddles 1.05."""
     row = _sweep_row(0.9, 8)
     predicted = row["speedup_vs_greedy"] / 0.9
-    row.update(speedup_vs_greedy_low=predicted * 0.8, speedup_vs_greedy_high=predicted * 1.1, speedup_vs_greedy_n=4,
-               acceptance_rate_low=0.45, acceptance_rate_high=0.55, acceptance_rate_n=4)
+    row.update(speedup_vs_greedy_low=predicted * 0.8, speedup_vs_greedy_high=predicted * 1.1, speedup_vs_greedy_n=16,
+               acceptance_rate_low=0.45, acceptance_rate_high=0.55, acceptance_rate_n=16)
     (fake_results / "bench" / "sweep.json").write_text(json.dumps({"rows": [row], "provenance": PROVENANCE}))
     bound = {v.subject: v for v in _by_claim(fake_results)["ls-claim-spec-bound-ours"]}
     sweep = bound["layerskip, self_speculative (sweep)"]
     at = {a: predict_speedup(a, 2, 0.4, 0.7)["predicted_speedup"] for a in (0.45, 0.55)}
-    assert sweep.ours.estimate == pytest.approx(0.9) and sweep.ours.n == 4
+    assert sweep.ours.estimate == pytest.approx(0.9) and sweep.ours.n == 16
     assert sweep.ours.low == pytest.approx(predicted * 0.8 / at[0.55])
     assert sweep.ours.high == pytest.approx(predicted * 1.1 / at[0.45])
     assert sweep.verdict == INCONCLUSIVE
+
+
+def test_a_speed_up_timed_on_too_few_prompts_is_shown_and_not_judged(fake_results: Path, tmp_path: Path) -> None:
+    """A speed-up on 4 prompts flipped between data mirrors (1.31x, then 1.02x [0.98, 1.14]): under 16 timed
+    prompts the claim, the figure and the report's cell show our number and judge nothing."""
+    few = {"speedup_vs_greedy": {"estimate": 1.7, "low": 1.6, "high": 1.8, "n": MIN_SPEED_PROMPTS - 1}}
+    twelve = {"exit_layer": 12, "num_speculations": 1}
+    _write(fake_results, _summary("layerskip", "self_speculative", LS_AR, options=twelve, intervals=few,
+                                  speed={"acceptance_rate": 0.875, "speedup_vs_greedy": 1.7}))
+    (claim,) = _by_claim(fake_results)["ls-claim-cpu-speedup-self-spec"]
+    assert claim.verdict == NOT_MEASURED and claim.ours.estimate == pytest.approx(1.7)
+    assert claim.reasons[0] == f"timed on 15 prompts, fewer than the {MIN_SPEED_PROMPTS} a quoted speed-up needs"
+    (acceptance,) = _by_claim(fake_results)["ls-claim-acceptance-vs-depth"]  # not a speed-up: still judged
+    assert acceptance.verdict == REPRODUCED
+
+    figures = [v for v in run_check(PAPERS, load_results(fake_results), 0.15)
+               if v.method == "self_speculative" and v.model == "layerskip"]
+    assert figures and all(v.verdict == NOT_MEASURED and v.ours == pytest.approx(1.7) for v in figures)
+    assert all("fewer than the 16" in v.reasons[0] for v in figures)
+
+    enough = {"speedup_vs_greedy": {**few["speedup_vs_greedy"], "n": MIN_SPEED_PROMPTS}}
+    _write(fake_results, _summary("layerskip", "self_speculative", LS_AR, options=twelve, intervals=enough,
+                                  speed={"acceptance_rate": 0.875, "speedup_vs_greedy": 1.7}))
+    (claim,) = _by_claim(fake_results)["ls-claim-cpu-speedup-self-spec"]
+    assert claim.verdict == REPRODUCED
+
+    interval = Interval(1.31, 1.29, 1.32, 4)
+    assert fmt_estimate(Estimate(1.31, interval, 4), "x") == "(1.31x, n=4 < 16: not quoted)"
+    assert fmt_estimate(Estimate(1.31, interval, 16), "x") == "1.31x [1.29, 1.32] (n=16)"
+    assert fmt_estimate(Estimate(0.5, interval, 4)) == "0.500 [1.290, 1.320] (n=4)"  # not a speed-up
 
 
 def test_missing_control_is_not_measured_and_never_replaced_by_base(fake_results: Path) -> None:

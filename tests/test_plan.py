@@ -12,7 +12,20 @@ import pytest
 from exitbench import config
 from exitbench.decoding import method_class
 from exitbench.errors import ExitbenchError
-from exitbench.plan import DEVICES, OPT_IN, TRAIN_MFU, build_plan, device_hours, render_plan, require_cuda
+from exitbench.plan import (
+    CPU_KINDS,
+    DEVICES,
+    OPT_IN,
+    TRAIN_MFU,
+    build_plan,
+    check_cpu_budget,
+    check_planned_exit_layers,
+    cpu_kind,
+    cpu_minutes,
+    device_hours,
+    render_plan,
+    require_cuda,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONTINUAL = "layerskip_continual_llama2_7b"  # two released 7B checkpoints, nothing trained
@@ -39,14 +52,52 @@ def test_paper_plan_names_every_role_download_stage_and_hours():
     assert "  plain     trained here from base (plain recipe, 5800 steps)" in render_plan(trained, [])
 
 
-def test_a_cpu_profile_prints_its_work_without_gpu_hours():
+XEON = "processor\t: 0\nflags\t\t: fpu sse avx512f amx_bf16 amx_tile\n"
+EPYC = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16\n"
+
+
+def test_a_cpu_profile_prints_minutes_from_the_measured_rates_of_its_cpu_kind():
     cfg = config.load(REPO / "params.yaml", profile="cpu")
-    lines = render_plan(cfg, build_plan(cfg, exact))
+    rows = build_plan(cfg, exact)
+    lines = render_plan(cfg, rows, cpuinfo=XEON)
     assert lines[0].endswith("float32 on cpu") and not any(line.endswith(" h") for line in lines)
     assert lines[1] == "  base      wheel source"
     assert lines[2] == "  layerskip trained here from base (layerskip recipe, 240 steps)"
-    assert lines[5].split()[0] == "train@layerskip" and "steps" in lines[5]
-    assert lines[-1].startswith("  on CPU: no estimate") and "Time per stage" in lines[-1]
+    assert lines[5].split()[0] == "train@layerskip" and lines[5].endswith(" min")
+    assert lines[-1].startswith("  total ~") and "on Intel Xeon (AMX-BF16)" in lines[-1]
+    assert lines[-1].endswith("budget 120 min (budget.minutes)")
+    assert "on AMD EPYC" in render_plan(cfg, rows, cpuinfo=EPYC)[-1]
+    slowest = min(CPU_KINDS, key=lambda kind: kind.train_flops)
+    assert cpu_kind("flags : fpu sse") == slowest  # an unmeasured CPU: the slowest measured kind
+
+
+def test_cpu_minutes_follow_the_measured_step_time_and_the_recipes_cost():
+    """The EPYC run's plain finetune: 240 steps at 3.8 s a step (README), i.e. ~15 minutes."""
+    cfg = config.load(REPO / "params.yaml", profile="cpu")
+    epyc, rows = cpu_kind(EPYC), {row.stage: row for row in build_plan(cfg, exact)}
+    assert cpu_minutes(rows["train@plain"], epyc, 1.35e8, 4) == pytest.approx(240 * 3.8 / 60, rel=0.05)
+    calm_step = cpu_minutes(rows["train@calm"], epyc, 1.35e8, 4) / 60
+    assert calm_step == pytest.approx(cpu_minutes(rows["train@plain"], epyc, 1.35e8, 4) / 240 * 1.8)
+
+
+@pytest.mark.parametrize("cpuinfo", [XEON, EPYC], ids=["xeon", "epyc"])
+def test_every_committed_cpu_run_fits_its_budget_and_a_bigger_one_stops_in_one_line(cpuinfo):
+    runs = [("cpu", ""), ("smoke", "")] + [("twin", name) for name, e in config.experiments_of(REPO / "params.yaml")
+                                           .items() if e.profile == "twin"]
+    for profile, experiment in runs:
+        cfg = config.load(REPO / "params.yaml", profile=profile, experiment=experiment)
+        check_cpu_budget(cfg, build_plan(cfg, exact), cpuinfo=cpuinfo)
+    cfg = config.load(REPO / "params.yaml", profile="twin", experiment="layerskip_topv2_cpu")
+    longer = {**cfg.train.variants["plain"].model_dump(), "steps": 4000}
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"variants": {"plain": longer}})})
+    cfg = config.Config.model_validate(cfg.model_dump())
+    with pytest.raises(ExitbenchError) as err:
+        check_cpu_budget(cfg, build_plan(cfg, exact), cpuinfo=cpuinfo)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("profile 'twin', experiment 'layerskip_topv2_cpu': estimated ~")
+    assert "past its budget of 110 min (budget.minutes)" in text and "the costliest stage is train@plain" in text
+    paper = config.load(REPO / "params.yaml", profile="paper_dry", experiment=TOPV2)
+    check_cpu_budget(paper, build_plan(paper, exact), cpuinfo=cpuinfo)  # GPU runs are planned, not capped
 
 
 def test_training_hours_follow_six_n_d():
@@ -100,3 +151,18 @@ def test_configure_prints_the_plan_and_stops_the_paper_profile_in_one_line(tmp_p
     assert f"plan for profile 'paper', experiment '{TOPV2}'" in done.stdout and "train@layerskip" in done.stdout
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: profile 'paper' runs on CUDA")
     assert not (tmp_path / "c").exists()
+
+
+def test_an_exit_layer_the_base_model_lacks_stops_configure_before_anything_trains():
+    cfg = config.load(REPO / "params.yaml", profile="twin", experiment="layerskip_topv2_cpu")
+    check_planned_exit_layers(cfg)  # E = 8, 15, 22 of 30
+    methods = {**cfg.evaluate.methods, "early_exit@30": {"exit_layer": 30}}
+    bad = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"methods": methods})})
+    with pytest.raises(ExitbenchError, match=r"^evaluate\.methods\.early_exit@30\.exit_layer: exit layer 30 is "
+                                             r"outside 1\.\.29 for this 30-layer model; set .* within 1\.\.29$"):
+        check_planned_exit_layers(bad)
+    paper = config.load(REPO / "params.yaml", profile="paper", experiment=TOPV2)
+    check_planned_exit_layers(paper)  # Llama 3.2 1B: 16 layers, every row's E below it
+    deep = paper.model_copy(update={"bench": paper.bench.model_copy(update={"exit_layers": [6, 16]})})
+    with pytest.raises(ExitbenchError, match=r"^bench\.exit_layers: exit layer 16 is outside 1\.\.15"):
+        check_planned_exit_layers(deep)

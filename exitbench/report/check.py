@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from exitbench.replications import CLAIM_KINDS, Paper, Row, Setting, short_name
-from exitbench.report.results import Calibration, CalibrationRow, EvalResult, Provenance, Results
+from exitbench.report.results import (
+    MIN_SPEED_PROMPTS,
+    Calibration,
+    CalibrationRow,
+    EvalResult,
+    Provenance,
+    Results,
+    too_few_timed,
+)
 from exitbench.stats import Interval
 
 REPRODUCED = "reproduced"
@@ -270,7 +278,9 @@ def _verdict(
     our_source: str,
     extra_reasons: list[str] | None = None,
     extra_notes: list[str] | None = None,
+    timed: int | None = None,
 ) -> Verdict:
+    """One figure's verdict; ``timed``: the prompts our speed-up was timed on (too few: shown, not judged)."""
     reported = row.paper_speedup
     value, derived = reported if reported else (None, False)
     reasons = list(extra_reasons or [])
@@ -287,6 +297,9 @@ def _verdict(
             reasons.extend(incomparability(row.setting, ours_setting))
         if reasons:
             verdict = NOT_COMPARABLE
+        if too_few_timed(timed):
+            verdict = NOT_MEASURED
+            reasons.insert(0, f"timed on {timed} prompts, fewer than the {MIN_SPEED_PROMPTS} a quoted speed-up needs")
     return Verdict(
         row_id=row.id,
         paper=paper.id,
@@ -349,8 +362,15 @@ def _check_calm(row: Row, paper: Paper, results: Results, tolerance: float) -> l
         verdicts.append(_verdict(
             row, paper, tolerance, model=calibration.model, ours=chosen.speedup_vs_greedy, ours_setting=setting,
             our_setting_text=setting.describe(), our_source=calibration.source_file, extra_notes=notes,
+            timed=chosen.num_test,
         ))
     return verdicts
+
+
+def timed_prompts(result: EvalResult) -> int | None:
+    """The prompts ``result``'s speed-up was timed on (its interval's n), or None where it stores none."""
+    interval = result.interval("speedup_vs_greedy")
+    return interval.n if interval is not None and interval.n else None
 
 
 def same_relative_depth(ours_e: int, ours_l: int, paper_e: int, paper_l: int) -> bool:
@@ -391,6 +411,7 @@ def _check_eval(row: Row, paper: Paper, results: Results, tolerance: float) -> l
             row, paper, tolerance, model=result.model, ours=result.speed.speedup_vs_greedy, ours_setting=setting,
             our_setting_text=_describe_ours(setting, options), our_source=result.source_file,
             extra_notes=_config_notes(row, result.options, (result.model_info or {}).get("num_layers")),
+            timed=timed_prompts(result),
         ))
     return verdicts
 

@@ -45,7 +45,15 @@ from exitbench.report.check import (
     incomparability,
     our_setting_of_eval,
 )
-from exitbench.report.results import EvalResult, Results, SweepRow, eval_records_path, memory_text
+from exitbench.report.results import (
+    MIN_SPEED_PROMPTS,
+    EvalResult,
+    Results,
+    SweepRow,
+    eval_records_path,
+    memory_text,
+    too_few_timed,
+)
 from exitbench.stats import CONFIDENCE, Interval, mean_interval, paired_interval, ratio_interval, speedup_interval
 
 _EDGE = 1e-9  # floating-point slack so that exactly-at-the-edge counts as inside
@@ -320,6 +328,9 @@ def gain_measured(ee: EvalResult, ar: EvalResult, ctrl_ee: EvalResult, ctrl_ar: 
 
 # ------------------------------------------------------------------------------------------ helpers
 
+#: claims whose our side is a timed speed-up (or a ratio of two): judged only on enough timed prompts
+TIMED_KINDS = frozenset({"speedup_at_depth", "shared_compute", "speculative_bound"})
+
 
 @dataclass(frozen=True)
 class _Ctx:
@@ -341,6 +352,9 @@ class _Ctx:
         if verdict is None:
             verdict = NOT_MEASURED if ours is None or band is None else interval_verdict(ours, band)
         why = list(reasons)
+        if self.claim.kind in TIMED_KINDS and ours is not None and too_few_timed(ours.n):
+            verdict = NOT_MEASURED  # shown, not judged
+            why.insert(0, f"timed on {ours.n} prompts, fewer than the {MIN_SPEED_PROMPTS} a quoted speed-up needs")
         if ours is None and measured is not None and measured.how:
             why.append(measured.how)
         how = [measured.how] if measured is not None and ours is not None and measured.how else []

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.transforms import Bbox
 
 from exitbench.replications import Paper, Row
 from exitbench.report.results import EvalResult, Provenance, Results, SweepRow
@@ -64,6 +66,7 @@ def _colors(names: list[str]) -> dict[str, Any]:
 
 def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)  # a renderer to measure text with (labels placed clear of each other)
     fig.get_layout_engine().set(rect=(0, 0.045, 1, 0.955))  # leave room for the source line
     return fig
 
@@ -94,12 +97,81 @@ def renumber_clip_ids(svg_text: str) -> str:
     return _CLIP_ID.sub(lambda m: ids.setdefault(m.group(0), f"clip{len(ids)}"), svg_text)
 
 
-SHORT_METHOD = {"self_speculative": "self-spec.", "early_exit": "early exit", "autoregressive": "greedy"}
+SHORT_METHOD = {
+    "self_speculative": "self-spec",
+    "early_exit": "early exit",
+    "autoregressive": "greedy",
+    "adaptive_self_speculative": "adaptive",
+    "self_speculative_lookup": "self-spec+lookup",
+    "hf_early_exit": "hf early exit",
+    "hf_prompt_lookup": "hf lookup",
+    "prompt_lookup": "lookup",
+    "speculative": "2-model spec",
+    "depth_pruning": "pruned",
+    "layer_skip_draft": "skip-draft",
+}
+#: options shown in a point's label, by their short names (file options are provenance, not a setting to read)
+SHORT_OPTION = {"exit_layer": "E", "num_speculations": "d", "num_pruned": "-", "ngram_size": "n",
+                "lookup_speculations": "k", "draft_layers": "draft", "min_confidence": "conf", "threshold": "t"}
 PlotOutput = tuple[list[Path], list[dict[str, Any]]]
 
 
 def _short_method(method: str) -> str:
     return SHORT_METHOD.get(method, method)
+
+
+def point_label(result: EvalResult) -> str:
+    """A point's short label, ``self-spec E12 d1``: the method's short name and the settings a reader compares
+    (a draft sub-vocabulary as ``sub-vocab``; other file options and unknown ones left to the CSV beside it)."""
+    options = result.options
+    parts = [_short_method(result.family)]
+    parts += [f"{short}{options[key]}" for key, short in SHORT_OPTION.items() if key in options]
+    if "draft_vocab_file" in options:
+        parts.append("sub-vocab")
+    return " ".join(parts)
+
+
+#: label offsets (points) tried in order around a point: right, left, above, below, then the diagonals, then
+#: twice as far
+_AROUND = [(7, -3), (-7, -3), (0, 8), (0, -12), (7, 7), (-7, 7), (7, -12), (-7, -12)]
+_OFFSETS = _AROUND + [(2 * dx, 2 * dy) for dx, dy in _AROUND]
+
+
+def _overlap(a: Bbox, b: Bbox) -> float:
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return width * height if width > 0 and height > 0 else 0.0
+
+
+def place_labels(fig: Figure, ax: Any, items: list[tuple[float, float, str, Any, dict[str, Any]]]) -> list[Any]:
+    """Annotate each ``(x, y, text, color, style)`` at the first offset whose text box overlaps no label
+    placed before it (nor another item's text at its own first offset); where none is free, the least
+    overlapping. Drawn after the layout is final and kept out of it, so the boxes measured are the boxes saved."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    placed: list[Bbox] = []
+    annotations = []
+    for x, y, text, color, style in items:
+        best, best_cost = None, math.inf
+        for offset in _OFFSETS:
+            horizontal = "left" if offset[0] > 0 else "right" if offset[0] < 0 else "center"
+            note = ax.annotate(text, (x, y), xytext=offset, textcoords="offset points", color=color,
+                               ha=horizontal, va="center", **style)
+            note.set_in_layout(False)
+            box = note.get_window_extent(renderer).expanded(1.05, 1.1)
+            cost = sum(_overlap(box, other) for other in placed)
+            if cost < best_cost:
+                if best is not None:
+                    best[0].remove()
+                best, best_cost = (note, box), cost
+            else:
+                note.remove()
+            if cost == 0:
+                break
+        assert best is not None
+        placed.append(best[1])
+        annotations.append(best[0])
+    return annotations
 
 
 # ------------------------------------------------------------------------------------------ 1. Pareto view
@@ -126,20 +198,6 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Points not dominated in (quality, speed-up), sorted by quality."""
     front = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in points)]
     return sorted(set(front))
-
-
-def _label_offsets(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Offsets (points) for number labels: a label whose point sits close to earlier ones moves around it."""
-    if not points:
-        return []
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    width, height = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
-    around = [(10, 9), (10, -9), (-10, 9), (-10, -9), (0, 14), (0, -14), (16, 0), (-16, 0)]
-    offsets = []
-    for i, (x, y) in enumerate(points):
-        near = sum(abs(x - px) / width < 0.04 and abs(y - py) / height < 0.06 for px, py in points[:i])
-        offsets.append(around[near % len(around)])
-    return offsets
 
 
 def _paper_points(task: str, metric: str, papers: tuple[Paper, ...]) -> list[tuple[Paper, Row, float, float, bool]]:
@@ -194,7 +252,8 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
         fig = _figure(12.5, 5.6)
         ax = fig.add_subplot()
         ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle="--", zorder=0)
-        ours = []
+        ours: list[tuple[float, float]] = []
+        labels: list[tuple[float, float, str, Any, dict[str, Any]]] = []
         for r in sorted(rows, key=lambda r: (r.model, result_key(r))):
             quality, speedup = quality_estimate(r, metric, results.evals), speed_estimate(r, "speedup_vs_greedy")
             x, y = quality.value or 0.0, speedup.value or 0.0
@@ -210,14 +269,8 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
                 linewidth=0.5,
                 zorder=3,
             )
-            if r.options:
-                config = " ".join(
-                    f"{'E' if k == 'exit_layer' else 'd' if k == 'num_speculations' else k}{v}"
-                    for k, v in sorted(r.options.items())
-                )
-                ax.annotate(
-                    config, (x, y), xytext=(6, -10), textcoords="offset points", fontsize=7, color=colors[r.model]
-                )
+            if r.family != "autoregressive":
+                labels.append((x, y, point_label(r), colors[r.model], {"fontsize": 7}))
             data.append(
                 {
                     "source": "ours",
@@ -234,22 +287,11 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
         if len(front) > 1:
             ax.plot(*zip(*front, strict=True), color="0.5", linewidth=0.8, linestyle=":", zorder=1)
         paper_points = _paper_points(task, metric, papers)
-        offsets = _label_offsets(ours + [(x, y) for _, _, x, y, _ in paper_points])[len(ours) :]
         paper_handles = []
         for number, (paper, row, x, y, derived) in enumerate(paper_points, start=1):
             style = {"marker": "*", "color": PAPER_COLOR, "markerfacecolor": "white" if derived else PAPER_COLOR}
             ax.plot([x], [y], linestyle="", markersize=13, markeredgewidth=1.0, zorder=4, **style)
-            ax.annotate(
-                str(number),
-                (x, y),
-                xytext=offsets[number - 1],
-                textcoords="offset points",
-                fontsize=8,
-                fontweight="bold",
-                color=PAPER_COLOR,
-                ha="center",
-                va="center",
-            )
+            labels.insert(number - 1, (x, y, str(number), PAPER_COLOR, {"fontsize": 8, "fontweight": "bold"}))
             table = row.source.table.split(" (")[0].replace("Table ", "T")
             how = "derived" if derived else "stated"
             label = (
@@ -313,6 +355,7 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
         ax.grid(alpha=0.25)
         sources = [r.source_file for r in rows] if len(rows) <= 2 else [f"{results.root.name}/eval/*/{task}/*.json"]
         _source_line(fig, sources, [r.provenance for r in rows])
+        place_labels(fig, ax, labels)  # last: the layout is final
         files += _save(fig, out_dir, f"speedup_vs_quality_{task}")
     return files, data
 

@@ -24,6 +24,17 @@ from exitbench.stats import Interval
 Model = TypeVar("Model", bound=BaseModel)
 
 
+#: the fewest timed prompts a quoted speed-up may rest on: rerun on another data mirror, a 4-prompt CNN/DM speed-up
+#: went from 1.31x to 1.02x [0.98, 1.14] while every verdict resting on 64-200 prompts held. A speed-up timed on
+#: fewer is printed in parentheses as not quoted, and the check does not judge it.
+MIN_SPEED_PROMPTS = 16
+
+
+def too_few_timed(n: int | None) -> bool:
+    """Whether a speed-up timed on ``n`` prompts is too thin to quote (:data:`MIN_SPEED_PROMPTS`)."""
+    return n is not None and n < MIN_SPEED_PROMPTS
+
+
 class _Lenient(BaseModel):
     """Result records: frozen; keys the reader does not use are ignored."""
 

@@ -19,6 +19,7 @@ from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import Paper
 from exitbench.report.results import (
+    MIN_SPEED_PROMPTS,
     CalibrationRow,
     EvalResult,
     Probe,
@@ -26,6 +27,7 @@ from exitbench.report.results import (
     Results,
     SweepRow,
     memory_text,
+    too_few_timed,
 )
 from exitbench.report.throughput import table_rows, throughput_section
 from exitbench.stats import Interval
@@ -130,13 +132,16 @@ def fmt_bounds(estimate: Estimate, kind: str = "num", digits: int = 3) -> str:
 
 def fmt_estimate(estimate: Estimate, kind: str = "num", digits: int = 3) -> str:
     """``0.440 [0.370, 0.510] (n=200)``; kind "x" (speed-up, ``1.52x [1.40, 1.61]``) or "pct" (rates, in %).
-    Without an interval: the number and n; without a number: an en dash."""
+    Without an interval: the number and n; without a number: an en dash; a speed-up timed on fewer than
+    :data:`MIN_SPEED_PROMPTS` prompts: ``(1.31x, n=4 < 16: not quoted)``."""
     value = estimate.value
     if value is None:
         return "–"
     text = fmt_x(value) if kind == "x" else fmt_pct(value) if kind == "pct" else fmt(value, digits)
     bounds = fmt_bounds(estimate, kind, digits)
     n = estimate.n if estimate.n is not None else "?"
+    if kind == "x" and too_few_timed(estimate.n):
+        return f"({text}, n={n} < {MIN_SPEED_PROMPTS}: not quoted)"
     return f"{text} {bounds} (n={n}{estimate.detail})" if bounds else f"{text} (n={n}{estimate.detail})"
 
 
@@ -792,7 +797,7 @@ def calibration_table(rows: list[tuple[str, CalibrationRow]]) -> list[str]:
             fmt(r.test_risk),
             risk_ok_cell(r),
             fmt(r.avg_exit_layer, 1),
-            fmt_x(r.speedup_vs_greedy),
+            fmt_estimate(Estimate(r.speedup_vs_greedy, None, r.num_test), "x"),
             quality_cell(r),
         ]
         for model, r in sorted(rows, key=lambda mr: (mr[0], mr[1].delta, mr[1].kv_strategy, mr[1].measure))
