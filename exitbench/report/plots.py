@@ -106,7 +106,7 @@ SHORT_METHOD = {
     "hf_early_exit": "hf early exit",
     "hf_prompt_lookup": "hf lookup",
     "prompt_lookup": "lookup",
-    "speculative": "2-model spec",
+    "speculative": "2-model",
     "depth_pruning": "pruned",
     "layer_skip_draft": "skip-draft",
 }
@@ -131,10 +131,10 @@ def point_label(result: EvalResult) -> str:
     return " ".join(parts)
 
 
-#: label offsets (points) tried in order around a point: right, left, above, below, then the diagonals, then
-#: twice as far
+#: label offsets (points) tried in order around a point: right, left, above, below, the diagonals, then the
+#: same farther out
 _AROUND = [(7, -3), (-7, -3), (0, 8), (0, -12), (7, 7), (-7, 7), (7, -12), (-7, -12)]
-_OFFSETS = _AROUND + [(2 * dx, 2 * dy) for dx, dy in _AROUND]
+_OFFSETS = [(round(k * dx), round(k * dy)) for k in (1, 2, 3, 4.5) for dx, dy in _AROUND]
 
 
 def _overlap(a: Bbox, b: Bbox) -> float:
