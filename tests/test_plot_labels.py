@@ -1,5 +1,6 @@
-"""Readable plots: short point labels (at most 40 characters, no file path), and no text drawn over another in any committed plot (the committed
-results of every run: the default one and each twin) nor in the fixture results."""
+"""Readable plots: short point labels (at most 40 characters, no file path), and no text drawn over another in
+any committed plot (the committed results of every run: the default one and each twin) nor in the fixture
+results."""
 
 from __future__ import annotations
 

@@ -109,6 +109,7 @@ SHORT_METHOD = {
     "speculative": "2-model",
     "depth_pruning": "pruned",
     "layer_skip_draft": "skip-draft",
+    "hf_greedy": "hf greedy",
 }
 #: options shown in a point's label, by their short names (file options are provenance, not a setting to read)
 SHORT_OPTION = {"exit_layer": "E", "num_speculations": "d", "num_pruned": "-", "ngram_size": "n",
@@ -143,12 +144,25 @@ def _overlap(a: Bbox, b: Bbox) -> float:
     return width * height if width > 0 and height > 0 else 0.0
 
 
-def place_labels(fig: Figure, ax: Any, items: list[tuple[float, float, str, Any, dict[str, Any]]]) -> list[Any]:
-    """Annotate each ``(x, y, text, color, style)`` at the first offset whose text box overlaps no label
-    placed before it (nor another item's text at its own first offset); where none is free, the least
-    overlapping. Drawn after the layout is final and kept out of it, so the boxes measured are the boxes saved."""
+def _outside(box: Bbox, frame: Bbox) -> float:
+    """The area of ``box`` outside ``frame``."""
+    return box.width * box.height - _overlap(box, frame)
+
+
+def place_labels(fig: Figure, ax: Any, items: list[tuple[float, float, str, Any, dict[str, Any]]],
+                 points: list[tuple[float, float]] = (), marker_px: float = 7.0) -> list[Any]:
+    """Annotate each ``(x, y, text, color, style)`` at the first offset whose text box covers no label placed
+    before it, no marker (a square of ``marker_px`` around each item's point and each of ``points``, the
+    unlabelled ones) and stays inside the axes; where
+    no offset is free, the least covering one. Drawn after the layout is final and kept out of it, so the
+    boxes measured are the boxes saved."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    markers = []
+    for x, y in [(item[0], item[1]) for item in items] + list(points):
+        px, py = ax.transData.transform((x, y))
+        markers.append(Bbox.from_extents(px - marker_px, py - marker_px, px + marker_px, py + marker_px))
     placed: list[Bbox] = []
     annotations = []
     for x, y, text, color, style in items:
@@ -159,7 +173,8 @@ def place_labels(fig: Figure, ax: Any, items: list[tuple[float, float, str, Any,
                                ha=horizontal, va="center", **style)
             note.set_in_layout(False)
             box = note.get_window_extent(renderer).expanded(1.05, 1.1)
-            cost = sum(_overlap(box, other) for other in placed)
+            cost = (10 * sum(_overlap(box, other) for other in placed) + sum(_overlap(box, m) for m in markers)
+                    + 10 * _outside(box, frame))
             if cost < best_cost:
                 if best is not None:
                     best[0].remove()
@@ -355,7 +370,7 @@ def plot_speedup_vs_quality(results: Results, papers: tuple[Paper, ...], out_dir
         ax.grid(alpha=0.25)
         sources = [r.source_file for r in rows] if len(rows) <= 2 else [f"{results.root.name}/eval/*/{task}/*.json"]
         _source_line(fig, sources, [r.provenance for r in rows])
-        place_labels(fig, ax, labels)  # last: the layout is final
+        place_labels(fig, ax, labels, ours)  # last: the layout is final
         files += _save(fig, out_dir, f"speedup_vs_quality_{task}")
     return files, data
 
