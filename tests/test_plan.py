@@ -16,6 +16,7 @@ from exitbench.plan import (
     CPU_KINDS,
     DEVICES,
     OPT_IN,
+    RECIPE_COST,
     TRAIN_MFU,
     build_plan,
     check_cpu_budget,
@@ -77,7 +78,10 @@ def test_cpu_minutes_follow_the_measured_step_time_and_the_recipes_cost():
     epyc, rows = cpu_kind(EPYC), {row.stage: row for row in build_plan(cfg, exact)}
     assert cpu_minutes(rows["train@plain"], epyc, 1.35e8, 4) == pytest.approx(240 * 3.8 / 60, rel=0.05)
     calm_step = cpu_minutes(rows["train@calm"], epyc, 1.35e8, 4) / 60
-    assert calm_step == pytest.approx(cpu_minutes(rows["train@plain"], epyc, 1.35e8, 4) / 240 * 1.8)
+    assert calm_step == pytest.approx(cpu_minutes(rows["train@plain"], epyc, 1.35e8, 4) / 240 * RECIPE_COST["calm"])
+    assert rows["train@layerskip"].recipe == "layerskip/subvocab"  # the cpu profile's exits: 2,048 tokens
+    twin = config.load(REPO / "params.yaml", profile="twin", experiment="layerskip_topv2_cpu")
+    assert next(r for r in build_plan(twin, exact) if r.stage == "train@layerskip").recipe == "layerskip"
 
 
 @pytest.mark.parametrize("cpuinfo", [XEON, EPYC], ids=["xeon", "epyc"])

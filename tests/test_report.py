@@ -104,7 +104,7 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
             "E=8 d=2",
             "0.620 (n=10)",
             "14.10",
-            "1.52x (n=10)",
+            "(1.52x, n=10 < 16: not quoted)",
             "71.0% (n=10)",
             "2.30",
             "41.2",  # 412 tokens over 10 prompts
@@ -119,7 +119,7 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
         "E=15",
         "0.440 (n=10)",
         "9.80",
-        "2.18x (n=10)",
+        "(2.18x, n=10 < 16: not quoted)",
         "–",
         "–",
         "41.2",
@@ -128,7 +128,8 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
         "lossy: 9/10 differ, 1st divergence ~3",
     )
     assert early in topv2
-    assert "| self_speculative | E=8 d=2 | 0.558 (n=10) | 26.00 | 0.81x (n=10) | 18.0% (n=10) |" in topv2  # slower
+    slower = "| self_speculative | E=8 d=2 | 0.558 (n=10) | 26.00 | (0.81x, n=10 < 16: not quoted) | 18.0% (n=10) |"
+    assert slower in topv2
     # provenance line: model, dtype, samples, hardware, threads, commit, date, command
     assert (
         "model `layerskip` · float32 · 10 samples · AMD EPYC 7R13 Processor · 16 threads · commit `0123456789ab` "
@@ -143,8 +144,9 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
 
 def test_readme_other_sections(tmp_path: Path) -> None:
     readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
-    assert "- best for `layerskip` (float32): self_speculative E=15 d=1 → **1.16x (n=4)**" in readme
-    assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | 1.16x (n=4) | 76.0% (n=4) |" in readme
+    assert "- best for `layerskip` (float32): self_speculative E=15 d=1 → **(1.16x, n=4 < 16: not quoted)**" in readme
+    assert ("| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | (1.16x, n=4 < 16: not quoted) | "
+            "76.0% (n=4) |") in readme
     assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 |" in readme
     assert "| topv2 | layerskip | 0.32 | 0.79 | 0.97 | 1.00 |" in readme  # probe at layers 8, 15, 22, 30
     assert "| text | model | layer 8 | layer 15 | layer 22 | layer 30 |" in readme
@@ -543,7 +545,7 @@ def test_intervals_render_in_the_markdown_tables(results_copy: Path, tmp_path: P
             "E=8 d=2",
             "0.620 [0.400, 0.800] (n=10)",
             "14.10",
-            "1.52x [1.31, 1.74] (n=10)",
+            "(1.52x, n=10 < 16: not quoted)",
             "71.0% [64.0, 77.5] (n=10)",
             "2.30",
             "41.2",  # 412 tokens over 10 prompts
@@ -559,7 +561,7 @@ def test_intervals_render_in_the_markdown_tables(results_copy: Path, tmp_path: P
             "E=15",
             "0.440 [0.200, 0.650] (n=10)",
             "9.80",
-            "2.18x [2.05, 2.31] (n=10)",
+            "(2.18x, n=10 < 16: not quoted)",
             "–",
             "–",
             "41.2",
@@ -684,7 +686,8 @@ def test_exact_method_timed_on_fewer_samples_reports_greedys_quality(results_cop
         ),
     )
     topv2 = eval_part(render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path), "topv2")
-    assert "| self_speculative † | E=8 d=2 | 0.620 [0.400, 0.800] (n=10) | 14.10 | 1.52x [1.20, 1.90] (n=4) |" in topv2
+    assert ("| self_speculative † | E=8 d=2 | 0.620 [0.400, 0.800] (n=10) | 14.10 | (1.52x, n=4 < 16: not quoted) |"
+            in topv2)
     assert "its quality is `autoregressive`'s (n=10) by construction" in topv2
     assert (
         table_row(
@@ -700,13 +703,13 @@ def sweep_with_intervals(root: Path) -> None:
             row.update(
                 speedup_vs_greedy_low=row["speedup_vs_greedy"] - 0.1,
                 speedup_vs_greedy_high=row["speedup_vs_greedy"] + 0.1,
-                speedup_vs_greedy_n=4,
+                speedup_vs_greedy_n=16,
             )
             if row["acceptance_rate"] is not None:
                 row.update(
                     acceptance_rate_low=row["acceptance_rate"] - 0.05,
                     acceptance_rate_high=row["acceptance_rate"] + 0.05,
-                    acceptance_rate_n=4,
+                    acceptance_rate_n=16,
                 )
 
     _edit(root / "bench" / "sweep.json", change)
@@ -718,18 +721,18 @@ def test_sweep_intervals_in_table_csv_heatmap_and_metrics(results_copy: Path, tm
     written = write_text_outputs(results, PAPERS, tmp_path, "cpu", [])
     readme = (tmp_path / "README.md").read_text()
     assert (
-        "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | 1.16x [1.06, 1.26] (n=4) | "
-        "76.0% [71.0, 81.0] (n=4) |" in readme
+        "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | 1.16x [1.06, 1.26] (n=16) | "
+        "76.0% [71.0, 81.0] (n=16) |" in readme
     )
-    assert "→ **1.16x [1.06, 1.26] (n=4)**" in readme
+    assert "→ **1.16x [1.06, 1.26] (n=16)**" in readme
     best = json.loads((tmp_path / "metrics.json").read_text())["sweep"]["layerskip/float32"]
     assert (
         best["best_speedup_low"] == pytest.approx(best["best_speedup"] - 0.1, abs=1e-4)
-        and best["best_acceptance_n"] == 4
+        and best["best_acceptance_n"] == 16
     )
     with next(p for p in written if p.name == "sweep.csv").open() as handle:
         row = next(r for r in csv.DictReader(handle) if r["method"] == "self_speculative" and r["model"] == "layerskip")
-    assert row["speedup_vs_greedy_low"] and row["acceptance_rate_high"] and row["acceptance_rate_n"] == "4"
+    assert row["speedup_vs_greedy_low"] and row["acceptance_rate_high"] and row["acceptance_rate_n"] == "16"
     label = heatmap_label(
         next(r for r in results.sweep.rows if r.exit_layer == 15 and r.num_speculations == 1 and r.model == "layerskip")
     )
