@@ -86,7 +86,7 @@ class CpuRates:
 CPU_KINDS = (
     CpuRates("Intel Xeon (AMX-BF16), 2 cores", "amx_bf16", 4.53e11, 9.7e-11,
              "layerskip_topv2_cpu twin, 2026-12-06"),
-    CpuRates("AMD EPYC (AVX512-BF16), 2 cores", "avx512_bf16", 6.55e11, 1.95e-10, "cpu profile, d0349fc, 2026-12-05"),
+    CpuRates("AMD EPYC (AVX512-BF16), 2 cores", "avx512_bf16", 6.55e11, 1.50e-10, "cpu profile, d0349fc, 2026-12-05"),
 )
 #: a recipe's step time over plain's (same batch): layerskip with exit losses over the whole vocabulary 45:39 vs
 #: 36:27 for 400 steps (Xeon twin), over a 2,048-token sub-vocabulary 3.9 vs 3.8 s a step, calm (a loss at every

@@ -162,7 +162,7 @@ def test_readme_other_sections(tmp_path: Path) -> None:
             "0.059",
             "yes",
             "26.4",
-            "1.66x",
+            "(1.66x, n=8 < 16: not quoted)",
             "0.095 / 0.100",
         )
         in readme
@@ -237,7 +237,7 @@ def test_calibration_table_on_a_synthetic_file(results_copy: Path) -> None:
     text = "\n".join(lines)
     assert "Speed-up: decode phase only." in text and "(2 of 8 rows)" in text
     assert text.index("### humaneval") < text.index("### topv2")
-    certified = ("0.70", "yes", "0.050", "0.040", "yes", "20.5", "1.25x")
+    certified = ("0.70", "yes", "0.050", "0.040", "yes", "20.5", "(1.25x, n=3 < 16: not quoted)")
     assert table_row("calm", "0.30", "propagate", "softmax", *certified, "0.400 / 0.500") in lines
     assert table_row("calm", "0.30", "propagate", "softmax", *certified, "0.000 / 0.000") in lines  # humaneval
     assert (
@@ -252,7 +252,7 @@ def test_calibration_table_on_a_synthetic_file(results_copy: Path) -> None:
             "0.000",
             "yes",
             "30.0",
-            "0.97x",
+            "(0.97x, n=3 < 16: not quoted)",
             "0.400 / 0.500",
         )
         in lines

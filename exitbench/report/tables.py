@@ -797,7 +797,8 @@ def calibration_table(rows: list[tuple[str, CalibrationRow]]) -> list[str]:
             fmt(r.test_risk),
             risk_ok_cell(r),
             fmt(r.avg_exit_layer, 1),
-            fmt_estimate(Estimate(r.speedup_vs_greedy, None, r.num_test), "x"),
+            fmt_x(r.speedup_vs_greedy) if r.speedup_vs_greedy is None or not too_few_timed(r.num_test)
+            else f"({fmt_x(r.speedup_vs_greedy)}, n={r.num_test} < {MIN_SPEED_PROMPTS}: not quoted)",
             quality_cell(r),
         ]
         for model, r in sorted(rows, key=lambda mr: (mr[0], mr[1].delta, mr[1].kv_strategy, mr[1].measure))
