@@ -82,16 +82,23 @@ def check_experiment(copy: Path, name: str, experiment: config.Experiment) -> li
     problems += [f"stage {stage} did not run (not in dvc.lock)" for stage in defined if stage not in stages]
     problems += output_problems(cfg, copy)  # the files every stage writes, as CI checks the smoke run's
     check = json.loads((copy / "results/check.json").read_text()) if (copy / "results/check.json").exists() else {}
-    verdicts: dict[str, list[str]] = {}
+    verdicts: dict[str, list[dict]] = {}
     for row in check.get("verdicts", []):
-        verdicts.setdefault(row["row_id"], []).append(row["verdict"])
+        verdicts.setdefault(row["row_id"], []).append(row)
     for row_id in experiment.rows:
         got = verdicts.get(row_id)
         if not got:
             problems.append(f"check.json has no verdict for row {row_id}")
-        elif all(v == NOT_MEASURED for v in got):
-            problems.append(f"row {row_id} is not measured")
+        elif not any(row_is_measured(row) for row in got):
+            reasons = "; ".join(sorted({row.get("reasons", "") for row in got} - {""}))
+            problems.append(f"row {row_id} is not measured ({reasons or 'no reason given'})")
     return problems
+
+
+def row_is_measured(row: dict) -> bool:
+    """The graph produced our number for the row. A dry run's shrunken counts time fewer prompts than a quoted
+    speed-up needs, so a verdict of "not measured" that still carries our figure counts as measured here."""
+    return row["verdict"] != NOT_MEASURED or row.get("ours") is not None
 
 
 def main() -> None:
