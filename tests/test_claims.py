@@ -323,6 +323,24 @@ def test_a_speed_up_of_outputs_that_score_nothing_is_not_reproduced(fake_results
     assert self_spec.verdict == REPRODUCED
 
 
+def test_a_speed_up_of_outputs_under_half_the_papers_quality_is_not_reproduced(fake_results: Path) -> None:
+    """At E/L 0.4 the paper's early exit keeps EM 0.582 (interpolated): outputs at 0.25 (under half) do not
+    reproduce its speed-up, outputs at 0.3 (over half) are judged by the speed-up alone."""
+    inside = {"speedup_vs_greedy": {"estimate": 2.6, "low": 2.5, "high": 2.7, "n": N}}
+    for right, expected in ((10, NOT_REPRODUCED), (12, REPRODUCED)):
+        scores = [1.0] * right + [0.0] * (N - right)
+        _write(fake_results, _summary("layerskip", "early_exit", scores, options={"exit_layer": 12},
+                                      intervals=inside), _records(scores))
+        (early,) = _by_claim(fake_results)["ls-claim-cpu-speedup-early-exit"]
+        assert early.verdict == expected, (right, early.reasons)
+        unusable = [r for r in early.reasons if r.startswith("outputs unusable")]
+        assert bool(unusable) == (expected == NOT_REPRODUCED)
+        if unusable:
+            assert unusable[0].startswith("outputs unusable: exact_match 0.25 at this exit (n=40), where the "
+                                          "paper's outputs keep exact_match 0.582 at this E/L (interpolated): "
+                                          "under 50% of it")
+
+
 def test_sweep_bound_carries_the_sweeps_speed_up_and_acceptance_intervals(fake_results: Path) -> None:
     """measured / predicted over a sweep row: the speed-up interval over the prediction at the acceptance
     interval's ends (the prediction rises with acceptance), so a ratio of 0.9 from 16 noisy prompts straddles 1.05."""

@@ -528,8 +528,9 @@ def _claims_section(claims: Sequence[ClaimVerdict], papers: tuple[Paper, ...]) -
         "The paper's side is a band read from the replication rows: its value ± tolerance (`within`), "
         "≤ value + tolerance (`at most`) or > value + tolerance (`above`). `reproduced`: our interval lies inside "
         "the band (an edge counts as inside). `not reproduced`: it lies entirely outside. `inconclusive`: it "
-        "straddles an edge; a lossy method's speed-up whose outputs score 0 on every quality metric is `not "
-        "reproduced` whatever its size (the papers time outputs that still do the task). `not measured`: the "
+        "straddles an edge; a lossy method's speed-up whose outputs keep under half the paper's quality at that "
+        "E/L (or score 0 where it prints none) is `not reproduced` whatever its size (the papers time outputs "
+        "that still do the task). `not measured`: the "
         "results lack what the claim needs (the reason is given; a missing control model is never replaced by "
         "another model). `not comparable`: a speed-up on a different hardware kind; our figure is shown.",
         "",
