@@ -341,6 +341,15 @@ def test_a_speed_up_of_outputs_under_half_the_papers_quality_is_not_reproduced(f
                                           "under 50% of it")
 
 
+def test_measure_order_ignores_uncertified_thresholds(fake_results: Path) -> None:
+    """Where no threshold is certified every measure falls back to λ = 1 (layer 30): that tie is no order."""
+    rows = [_cal_row(measure, 30.0, certified=False, threshold=1.0) for measure in ("softmax", "classifier", "state")]
+    (fake_results / "calibrate" / "layerskip.json").write_text(json.dumps(_calibration(rows)))
+    (order,) = _by_claim(fake_results)["calm-claim-measure-order"]
+    assert order.verdict == NOT_MEASURED
+    assert "certified at the same task" in order.reasons[0] and "3 uncertified" in order.reasons[0]
+
+
 def test_sweep_bound_carries_the_sweeps_speed_up_and_acceptance_intervals(fake_results: Path) -> None:
     """measured / predicted over a sweep row: the speed-up interval over the prediction at the acceptance
     interval's ends (the prediction rises with acceptance), so a ratio of 0.9 from 16 noisy prompts straddles 1.05."""

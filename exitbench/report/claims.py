@@ -799,7 +799,9 @@ def calm_risk_guarantee(ctx: _Ctx) -> list[ClaimVerdict]:
 
 def calm_measure_order(ctx: _Ctx) -> list[ClaimVerdict]:
     """Our average exit layers at the same (task, δ, KV strategy) in the paper's order of measures: each
-    next measure must exit later by more than the tolerance (a tie within it is inconclusive)."""
+    next measure must exit later by more than the tolerance (a tie within it is inconclusive). Only certified
+    thresholds count: an uncertified δ falls back to λ = 1 (no early exit) for every measure, a tie that says
+    nothing about the measures."""
     order = paper_measure_order(ctx.claim, ctx.rows)
     if not ctx.results.calibrations:
         return [ctx.not_measured("no calibration results (results/calibrate)")]
@@ -808,8 +810,11 @@ def calm_measure_order(ctx: _Ctx) -> list[ClaimVerdict]:
     out = []
     for calibration in ctx.results.calibrations:
         groups: dict[tuple[str, float, str], dict[str, float]] = {}
+        uncertified = 0
         for r in calibration.rows:
-            if r.avg_exit_layer is not None and r.measure in order:
+            if r.certified is False:
+                uncertified += 1
+            elif r.avg_exit_layer is not None and r.measure in order:
                 groups.setdefault((r.task, r.delta, r.kv_strategy), {})[r.measure] = r.avg_exit_layer
         candidates = []
         for (task, delta, kv), layers in sorted(groups.items()):
@@ -821,9 +826,10 @@ def calm_measure_order(ctx: _Ctx) -> list[ClaimVerdict]:
                                          f"{layers[second]:.3g} layers"))
         measured = sorted({r.measure for r in calibration.rows})
         if not candidates:
+            skipped = f" ({uncertified} uncertified: λ = 1 falls back to no early exit)" if uncertified else ""
             out.append(ctx.not_measured(f"calibrated measures: {', '.join(measured)}; the order needs two or more "
-                                        f"of {', '.join(order)} at the same task, δ and KV strategy",
-                                        subject=calibration.model))
+                                        f"of {', '.join(order)} certified at the same task, δ and KV strategy"
+                                        f"{skipped}", subject=calibration.model))
             continue
         index, note = _worst(candidates)
         out.append(ctx.verdict(f"{calibration.model}: {' < '.join(order)}", 0.0,
