@@ -124,7 +124,7 @@ def twin_snapshot(root: Path, model: str, layers: list[int]) -> dict[str, Any] |
 
 def plot(curves: dict[str, dict[str, Any]], layers: list[int], out: Path,
          twin: dict[str, dict[str, Any]] | None = None) -> Path:
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 6.2))
     colors = {"plain": "tab:gray", "layerskip": "tab:blue"}
     for name, curve in curves.items():
         steps, mid, low, high = series(curve, "em_last")
@@ -162,7 +162,8 @@ def plot(curves: dict[str, dict[str, Any]], layers: list[int], out: Path,
         axis.set_xlabel("training steps (x 24 examples)")
         axis.set_title(title, fontsize=10)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
+        # below the axes: a legend never covers a point
+        axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     n = next(iter(curves.values()))["snapshots"][0]["em_last"]["n"]
     fig.suptitle(f"TOPv2-only finetunes of SmolLM2-135M (30 layers), n = {n} stratified test prompts per point",
                  fontsize=11)
