@@ -26,6 +26,7 @@ from exitbench.errors import ExitbenchError
 
 PROFILES = ("cpu", "smoke", "twin", "paper", "paper_dry")
 RESULTS_ROOT = "results"
+MODELS_ROOT = "models"
 
 
 class Section(BaseModel):
@@ -335,12 +336,14 @@ class RoleSource(Section):
     revision: str = "main"
     embedded: bool = Field(False, description="the profile's own model (model.source), for the base role")
     train: bool = Field(False, description="finetune the experiment's base with train.variants.<role>")
+    from_twin: str = Field("", description="the model of this role another twin trained (that twin's name): taken "
+                           "from its models_root, not trained again")
 
     @model_validator(mode="after")
     def _one_source(self) -> RoleSource:
-        if [bool(self.hub_id), self.embedded, self.train].count(True) != 1:
-            raise ValueError("give one of hub_id (a released checkpoint), embedded: true (the profile's own model) "
-                             "or train: true (finetuned here)")
+        if [bool(self.hub_id), self.embedded, self.train, bool(self.from_twin)].count(True) != 1:
+            raise ValueError("give one of hub_id (a released checkpoint), embedded: true (the profile's own model), "
+                             "train: true (finetuned here) or from_twin: NAME (the model another twin trained)")
         return self
 
 
@@ -566,13 +569,27 @@ def results_root_for(profile: str, experiment: str) -> str:
     return f"{RESULTS_ROOT}/twins/{experiment}" if profile == "twin" and experiment else RESULTS_ROOT
 
 
-def check_results_root(value: Any, source: str = "params.yaml") -> str:
-    """``results_root`` (read by dvc.yaml, set by use_profile.py): ``results`` or a folder under it."""
-    if not isinstance(value, str) or not (value == RESULTS_ROOT or value.startswith(f"{RESULTS_ROOT}/")) \
-            or ".." in value.split("/"):
-        raise ExitbenchError(f"{source}: results_root must be '{RESULTS_ROOT}' or a folder under it, got {value!r}; "
+def models_root_for(profile: str, experiment: str) -> str:
+    """Where a run's models go: ``models/twins/<experiment>`` for a CPU-scale twin (so that a twin's trained models
+    stay beside every other twin's, for a twin that takes them, ``from_twin``), ``models`` otherwise."""
+    return f"{MODELS_ROOT}/twins/{experiment}" if profile == "twin" and experiment else MODELS_ROOT
+
+
+def _check_root(key: str, top: str, value: Any, source: str) -> str:
+    if not isinstance(value, str) or not (value == top or value.startswith(f"{top}/")) or ".." in value.split("/"):
+        raise ExitbenchError(f"{source}: {key} must be '{top}' or a folder under it, got {value!r}; "
                              "set it with `python pipelines/use_profile.py PROFILE [--experiment NAME]`")
     return value
+
+
+def check_results_root(value: Any, source: str = "params.yaml") -> str:
+    """``results_root`` (read by dvc.yaml, set by use_profile.py): ``results`` or a folder under it."""
+    return _check_root("results_root", RESULTS_ROOT, value, source)
+
+
+def check_models_root(value: Any, source: str = "params.yaml") -> str:
+    """``models_root`` (read by dvc.yaml, set by use_profile.py): ``models`` or a folder under it."""
+    return _check_root("models_root", MODELS_ROOT, value, source)
 
 
 def parse_experiments(raw: Any, source: str = "params.yaml") -> dict[str, Experiment]:
@@ -593,7 +610,25 @@ def parse_experiments(raw: Any, source: str = "params.yaml") -> dict[str, Experi
                 f"{source}: experiments.{name}.profile: '{parsed[name].profile}' is not a profile; "
                 f"use one of {', '.join(PROFILES)}"
             )
+    for name, experiment in parsed.items():
+        for role, spec in experiment.models.items():
+            if spec.from_twin:
+                check_from_twin(parsed, name, role, spec.from_twin, source)
     return parsed
+
+
+def check_from_twin(experiments: dict[str, Experiment], name: str, role: str, twin: str, source: str) -> None:
+    """A role taken ``from_twin`` names a twin, from a twin, that trains that role itself."""
+    where = f"{source}: experiments.{name}.models.{role}.from_twin"
+    if experiments[name].profile != "twin":
+        raise ExitbenchError(f"{where}: only a twin (profile: twin) takes another twin's models")
+    other = experiments.get(twin)
+    trains = other is not None and other.profile == "twin" and role in other.models and other.models[role].train
+    if not trains:
+        known = sorted(n for n, e in experiments.items() if e.profile == "twin" and role in e.models
+                       and e.models[role].train)
+        raise ExitbenchError(f"{where}: '{twin}' is not a twin that trains '{role}'; twins that do: "
+                             f"{', '.join(known) or 'none'}")
 
 
 def experiment_overrides(name: str, experiment: Experiment, merged: dict[str, Any], source: str) -> dict[str, Any]:
@@ -617,6 +652,8 @@ def experiment_overrides(name: str, experiment: Experiment, merged: dict[str, An
             sources[role] = {"source": "none"}
         elif spec.train:
             sources[role] = {"source": "train"}
+        elif spec.from_twin:
+            sources[role] = {"source": "local", "local_path": f"{models_root_for('twin', spec.from_twin)}/{role}"}
         else:
             sources[role] = {"source": "hub", "hub_id": spec.hub_id, "revision": spec.revision}
     overrides["train"] = {"variants": sources}
@@ -638,6 +675,7 @@ def resolve(
     raw.pop("experiment", None)
     chosen = chosen or ""
     check_results_root(raw.pop("results_root", RESULTS_ROOT), source)
+    check_models_root(raw.pop("models_root", MODELS_ROOT), source)
     experiments = parse_experiments(raw.pop("experiments", {}) or {}, source)
     profiles = raw.pop("profiles", {}) or {}
     if not isinstance(profiles, dict):

@@ -28,7 +28,7 @@ from exitbench.data.io import atomic_write_text
 from exitbench.decoding import REGISTRY, MethodOptions, method_class, parse_options
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import method_stages, stage_code_view, stage_config_view
-from exitbench.models.sources import check_hub_access
+from exitbench.models.sources import check_hub_access, sha256_file
 from exitbench.plan import (
     build_plan,
     check_cpu_budget,
@@ -62,11 +62,30 @@ def main() -> None:
     for stage in config.STAGE_SECTIONS:
         view = config.stage_view(cfg, stage)
         atomic_write_text(out / f"{stage}.json", json.dumps(view, indent=2, sort_keys=True) + "\n")
+    sources = {variant: source_checkpoint(cfg, variant) for variant in cfg.train.variants}
     for variant in cfg.train.variants:
         view = config.train_variant_view(cfg, variant)
         atomic_write_text(out / f"train-{variant}.json", json.dumps(view, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(out / f"train-{variant}.source.json", json.dumps(sources[variant], indent=2) + "\n")
     write_method_configs(cfg, staged, out / "evaluate")
     print(f"configure: profile '{cfg.profile}' -> {out}/ ({len(config.STAGE_SECTIONS)} stages)")
+
+
+def source_checkpoint(cfg: config.Config, variant: str) -> dict:
+    """What a role taken from a local checkpoint (another twin's trained model, ``from_twin``) is, by its weights'
+    hashes: the train stage depends on this file, so it takes the model again when that twin trains it anew.
+    Empty for any other source. A missing checkpoint stops here, naming the run that makes it."""
+    spec = cfg.train.variants[variant]
+    if spec.source != "local":
+        return {}
+    folder = Path(spec.local_path)
+    weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+    if not weights:
+        twin = folder.parent.name if folder.parent.parent.name == "twins" else ""
+        fix = (f"run that twin first: `python pipelines/use_profile.py twin --experiment {twin} && dvc repro train`"
+               if twin else "point local_path at a Hugging Face checkpoint directory")
+        raise ExitbenchError(f"train.variants.{variant}: no checkpoint at '{folder}'; {fix}")
+    return {"local_path": spec.local_path, "sha256": {path.name: sha256_file(path) for path in weights}}
 
 
 def strict_options(name: str, options: dict | None) -> MethodOptions:

@@ -15,11 +15,13 @@ Re-running resumes from the last checkpoint. Data-parallel: the same command und
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
 import torch
 
+from exitbench import config
 from exitbench.cli import run_stage
 from exitbench.config import load_stage
 from exitbench.data.io import atomic_write_json
@@ -83,10 +85,21 @@ def obtain_untrained(name: str, variant, experiment: str, paths: TrainPaths) -> 
     info = prepare_released(variant.source, variant.hub_id, variant.revision, variant.local_path, paths.out,
                             key=f"train.variants.{name}")
     where = variant.hub_id if variant.source == "hub" else variant.local_path
-    atomic_write_json(paths.report, {"variant": name, "source": variant.source, "checkpoint": where,
-                                     "trained": False, "num_layers": info["num_layers"],
-                                     "num_parameters": info["num_parameters"]})
+    report = {"variant": name, "source": variant.source, "checkpoint": where, "trained": False,
+              "num_layers": info["num_layers"], "num_parameters": info["num_parameters"]}
+    atomic_write_json(paths.report, {**report, **twin_training(variant.local_path, name)})
     print(f"train: {name} = released checkpoint {where} ({info['num_layers']} layers), not trained -> {paths.out}")
+
+
+def twin_training(local_path: str, name: str) -> dict:
+    """For a model another twin trained (``from_twin``: models/twins/<twin>/<role>), that twin's name and its
+    training report, where it is committed: how the model was trained travels with the results that use it."""
+    parts = Path(local_path).parts
+    if len(parts) != 4 or parts[:2] != ("models", "twins") or parts[3] != name:
+        return {}
+    source = Path(config.results_root_for("twin", parts[2])) / "train" / f"{name}.json"
+    trained = json.loads(source.read_text()) if source.is_file() else None
+    return {"from_twin": parts[2], "twin_training_report": trained}
 
 
 if __name__ == "__main__":

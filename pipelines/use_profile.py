@@ -3,9 +3,10 @@
     python pipelines/use_profile.py smoke
     python pipelines/use_profile.py paper --experiment layerskip_topv2_llama32_1b
 
-Only the `profile:`, `experiment:` and `results_root:` lines change (a twin's results go to
-results/twins/<experiment>, so it never overwrites another run's); `configure` then rewrites the resolved
-configs, and DVC re-runs exactly the stages whose effective settings or outputs differ.
+Only the `profile:`, `experiment:`, `results_root:` and `models_root:` lines change (a twin's results go to
+results/twins/<experiment> and its models to models/twins/<experiment>, so it never overwrites another run's,
+and a twin can take another's trained models: `from_twin`); `configure` then rewrites the resolved configs, and
+DVC re-runs exactly the stages whose effective settings or outputs differ.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def main() -> None:
     new_text, count = re.subn(r"(?m)^results_root:[ \t]*[^\s#]*", line, new_text, count=1)
     if count != 1:
         new_text = re.sub(r"(?m)^(experiment:.*)$", rf"\1\n{line}", new_text, count=1)
+    models = config.models_root_for(args.profile, args.experiment)
+    line = f"models_root: {models}"
+    new_text, count = re.subn(r"(?m)^models_root:[ \t]*[^\s#]*", line, new_text, count=1)
+    if count != 1:
+        new_text = re.sub(r"(?m)^(results_root:.*)$", rf"\1\n{line}", new_text, count=1)
     atomic_write_text(path, new_text)
     chosen = f", experiment {args.experiment}" if args.experiment else ""
     print(f"profile: {args.profile}{chosen}, results in {root}/ (in {path}); now run `dvc repro`")

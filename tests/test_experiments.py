@@ -61,7 +61,7 @@ def test_every_experiment_names_only_what_exists(name, profile):
     cfg = resolved(name, profile)
     config.check_references(cfg, "params.yaml", tasks=TASKS, methods=REGISTRY, parse_options=parse_options)
     for role, spec in EXPERIMENTS[name].models.items():
-        assert spec.train or spec.embedded or spec.hub_id in HUB_LAYERS, f"{name}.{role}: no stand-in for the dry run"
+        assert spec.train or spec.embedded or spec.from_twin or spec.hub_id in HUB_LAYERS, f"{name}.{role}: no stand-in"
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
@@ -72,7 +72,8 @@ def test_each_experiment_measures_its_rows_at_the_rows_settings(name):
     experiment, cfg = EXPERIMENTS[name], resolved(name)
     base = experiment.models["base"]
     layers = EMBEDDED_LAYERS if base.embedded else HUB_LAYERS[base.hub_id]
-    assert experiment.rows
+    # only a twin of the methods beside the papers' (on another twin's models) may have no paper rows of its own
+    assert experiment.rows or any(spec.from_twin for spec in experiment.models.values())
     for row_id in experiment.rows:
         row = ROWS[row_id]
         setting, task = row.setting, row.maps_to.task
@@ -277,10 +278,52 @@ def test_a_twin_writes_its_results_to_a_folder_of_its_own(tmp_path, monkeypatch)
         monkeypatch.setattr("sys.argv", argv)
         use_profile()
         assert f"\nresults_root: {root}" in params.read_text()
+        assert f"\nmodels_root: {root.replace('results', 'models', 1)}" in params.read_text()
         assert config.load(params).experiment == name
+
+
+def test_a_twin_takes_another_twins_trained_models_from_its_models_root(tmp_path, monkeypatch):
+    assert config.models_root_for("cpu", "") == "models"
+    assert config.models_root_for("twin", "layerskip_topv2_cpu") == "models/twins/layerskip_topv2_cpu"
+    peers = resolved("layerskip_topv2_peers_cpu")
+    for role in ("plain", "layerskip"):
+        variant = peers.train.variants[role]
+        assert (variant.source, variant.local_path) == ("local", f"models/twins/layerskip_topv2_cpu/{role}")
+    source_checkpoint = runpy.run_path(str(REPO / "pipelines" / "configure.py"))["source_checkpoint"]
+    monkeypatch.chdir(tmp_path)
+    assert source_checkpoint(peers, "calm") == {}
+    with pytest.raises(ExitbenchError, match=r"no checkpoint at 'models/twins/layerskip_topv2_cpu/plain'; run that "
+                       r"twin first: `python pipelines/use_profile.py twin --experiment layerskip_topv2_cpu"):
+        source_checkpoint(peers, "plain")
+    folder = tmp_path / "models" / "twins" / "layerskip_topv2_cpu" / "plain"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights")
+    first = source_checkpoint(peers, "plain")
+    (folder / "model.safetensors").write_bytes(b"retrained")
+    assert first["sha256"] != source_checkpoint(peers, "plain")["sha256"]  # so the train stage takes it again
+
+
+@pytest.mark.parametrize(("twin", "role", "message"), [
+    ("layerskip_topv2_cpu", "calm", "'layerskip_topv2_cpu' is not a twin that trains 'calm'; twins that do: "
+                                    "calm_cnndm_cpu"),
+    ("nope", "plain", "'nope' is not a twin that trains 'plain'; twins that do: layerskip_continual_cpu, "
+                      "layerskip_topv2_cpu"),
+])
+def test_from_twin_names_a_twin_that_trains_the_role(twin, role, message):
+    raw = config.read_params(PARAMS)
+    raw["experiments"]["layerskip_topv2_peers_cpu"]["models"] = {"base": {"embedded": True}, role: {"from_twin": twin}}
+    where = f"experiments.layerskip_topv2_peers_cpu.models.{role}.from_twin"
+    with pytest.raises(ExitbenchError, match=f"{where}: {message}"):
+        config.resolve(raw, profile="twin", experiment="layerskip_topv2_peers_cpu")
 
 
 @pytest.mark.parametrize("root", ["/tmp/elsewhere", "results/../outside", "models", 3])
 def test_a_results_root_outside_results_is_one_line(root):
     with pytest.raises(ExitbenchError, match="results_root must be 'results' or a folder under it"):
         config.resolve({"results_root": root})
+
+
+@pytest.mark.parametrize("root", ["/tmp/elsewhere", "models/../outside", "results", 3])
+def test_a_models_root_outside_models_is_one_line(root):
+    with pytest.raises(ExitbenchError, match="models_root must be 'models' or a folder under it"):
+        config.resolve({"models_root": root})
