@@ -575,6 +575,13 @@ def models_root_for(profile: str, experiment: str) -> str:
     return f"{MODELS_ROOT}/twins/{experiment}" if profile == "twin" and experiment else MODELS_ROOT
 
 
+def twin_of_checkpoint(local_path: str, role: str) -> str:
+    """The twin whose trained ``role`` a local checkpoint path is (``models/twins/<twin>/<role>``, what
+    ``from_twin`` resolves to), else ""."""
+    parts = Path(local_path).parts
+    return parts[2] if len(parts) == 4 and parts[:2] == (MODELS_ROOT, "twins") and parts[3] == role else ""
+
+
 def _check_root(key: str, top: str, value: Any, source: str) -> str:
     if not isinstance(value, str) or not (value == top or value.startswith(f"{top}/")) or ".." in value.split("/"):
         raise ExitbenchError(f"{source}: {key} must be '{top}' or a folder under it, got {value!r}; "

@@ -81,7 +81,7 @@ def source_checkpoint(cfg: config.Config, variant: str) -> dict:
     folder = Path(spec.local_path)
     weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
     if not weights:
-        twin = folder.parent.name if folder.parent.parent.name == "twins" else ""
+        twin = config.twin_of_checkpoint(spec.local_path, variant)
         fix = (f"run that twin first: `python pipelines/use_profile.py twin --experiment {twin} && dvc repro train`"
                if twin else "point local_path at a Hugging Face checkpoint directory")
         raise ExitbenchError(f"train.variants.{variant}: no checkpoint at '{folder}'; {fix}")

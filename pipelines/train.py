@@ -94,12 +94,12 @@ def obtain_untrained(name: str, variant, experiment: str, paths: TrainPaths) -> 
 def twin_training(local_path: str, name: str) -> dict:
     """For a model another twin trained (``from_twin``: models/twins/<twin>/<role>), that twin's name and its
     training report, where it is committed: how the model was trained travels with the results that use it."""
-    parts = Path(local_path).parts
-    if len(parts) != 4 or parts[:2] != ("models", "twins") or parts[3] != name:
+    twin = config.twin_of_checkpoint(local_path, name)
+    if not twin:
         return {}
-    source = Path(config.results_root_for("twin", parts[2])) / "train" / f"{name}.json"
+    source = Path(config.results_root_for("twin", twin)) / "train" / f"{name}.json"
     trained = json.loads(source.read_text()) if source.is_file() else None
-    return {"from_twin": parts[2], "twin_training_report": trained}
+    return {"from_twin": twin, "twin_training_report": trained}
 
 
 if __name__ == "__main__":

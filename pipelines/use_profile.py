@@ -38,18 +38,18 @@ def main() -> None:
     if count != 1:
         new_text = re.sub(r"(?m)^(profile:.*)$", rf"\1\n{line}", new_text, count=1)
     root = config.results_root_for(args.profile, args.experiment)
-    line = f"results_root: {root}"
-    new_text, count = re.subn(r"(?m)^results_root:[ \t]*[^\s#]*", line, new_text, count=1)
-    if count != 1:
-        new_text = re.sub(r"(?m)^(experiment:.*)$", rf"\1\n{line}", new_text, count=1)
-    models = config.models_root_for(args.profile, args.experiment)
-    line = f"models_root: {models}"
-    new_text, count = re.subn(r"(?m)^models_root:[ \t]*[^\s#]*", line, new_text, count=1)
-    if count != 1:
-        new_text = re.sub(r"(?m)^(results_root:.*)$", rf"\1\n{line}", new_text, count=1)
+    new_text = set_root(new_text, "results_root", root, after="experiment")
+    new_text = set_root(new_text, "models_root", config.models_root_for(args.profile, args.experiment),
+                        after="results_root")
     atomic_write_text(path, new_text)
     chosen = f", experiment {args.experiment}" if args.experiment else ""
     print(f"profile: {args.profile}{chosen}, results in {root}/ (in {path}); now run `dvc repro`")
+
+
+def set_root(text: str, key: str, value: str, after: str) -> str:
+    """``key: value`` in place of the top-level ``key:`` line, or as a new line after the ``after:`` line."""
+    new_text, count = re.subn(rf"(?m)^{key}:[ \t]*[^\s#]*", f"{key}: {value}", text, count=1)
+    return new_text if count == 1 else re.sub(rf"(?m)^({after}:.*)$", rf"\1\n{key}: {value}", text, count=1)
 
 
 if __name__ == "__main__":
