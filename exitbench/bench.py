@@ -33,6 +33,7 @@ import copy
 import csv
 import dataclasses
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,12 +55,17 @@ from exitbench.exit_vocab import model_exit_vocabulary, write_draft_vocab
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.provenance import provenance
+from exitbench.roofline import Bandwidth, ReadCounter, measure_bandwidth, roofline_fraction
 from exitbench.stats import DEFAULT_SEED, Interval, ratio_interval, speedup_interval
 from exitbench.subvocab import task_train_path
 from exitbench.tasks.registry import Task, TaskSettings, build_task
 from exitbench.timing import interleaved_medians
 
 BASELINE = "autoregressive"
+#: the A/A control's tag: greedy timed against greedy exactly like a method; its speed-up interval must contain
+#: 1.00x, and its width is the timing noise of the run (Spec-Bench's protocol has no such row; a noise floor
+#: needs one)
+CONTROL_TAG = " (A/A)"
 SHARED_VERIFY = frozenset({"self_speculative"})  # methods whose verify pass starts at layer E
 INTERVAL_METRICS = ("speedup_vs_greedy", "acceptance_rate")  # each row: <metric>, _low, _high, _n (95%)
 COLUMNS = (
@@ -93,6 +99,9 @@ COLUMNS = (
     "repeats",
     "max_new_tokens",
     "mean_new_tokens",
+    "bytes_per_token",
+    "roofline_ms_per_token",
+    "roofline_fraction",
 )
 
 
@@ -133,7 +142,7 @@ def sweep_entries(bench: BenchConfig, num_layers: int, draft_vocab_file: str | N
     With ``draft_vocab_file``, self-speculation also runs with its draft head restricted to that file's ids.
     """
     check_exit_layers("bench.exit_layers", bench.exit_layers, num_layers)
-    entries = [SweepEntry(BASELINE)]
+    entries = [SweepEntry(BASELINE), SweepEntry(BASELINE, tag=CONTROL_TAG)]
     for exit_layer in bench.exit_layers:
         for d in bench.num_speculations:
             for name in ("self_speculative", *bench.peers):
@@ -186,21 +195,31 @@ def run_interleaved(
     seed: int = 1234,
     progress: bool = True,
     desc: str = "bench",
+    reads: dict[str, list[list[int]]] | None = None,
 ) -> dict[str, list[list[DecodeResult]]]:
-    """Results ``[label][repeat][prompt]``, methods interleaved per (repeat, prompt), after one warm-up each."""
+    """Results ``[label][repeat][prompt]``, methods interleaved per (repeat, prompt), after one warm-up each.
+
+    ``reads``, when given, is filled with the bytes each generation read (``[label][repeat][prompt]``,
+    :class:`~exitbench.roofline.ReadCounter`, installed outside the timed call).
+    """
     if not prompts:
         raise ExitbenchError("bench: no prompts to time")
     for method in methods.values():  # warm-up, discarded
         torch.manual_seed(seed)
         method.generate(prompts[0], min(8, max_new_tokens), stop)
     results: dict[str, list[list[DecodeResult]]] = {label: [[] for _ in range(repeats)] for label in methods}
+    if reads is not None:
+        reads.update({label: [[] for _ in range(repeats)] for label in methods})
     total = repeats * len(prompts) * len(methods)
     with tqdm(total=total, desc=desc, unit="gen", disable=not progress, leave=False) as bar:
         for repeat in range(repeats):
             for prompt in prompts:
                 for label, method in methods.items():
                     torch.manual_seed(seed)
-                    results[label][repeat].append(method.generate(prompt, max_new_tokens, stop))
+                    with ReadCounter(method.model, method.draft_model) as counter:
+                        results[label][repeat].append(method.generate(prompt, max_new_tokens, stop))
+                    if reads is not None:
+                        reads[label][repeat].append(counter.bytes)
                     bar.update()
     return results
 
@@ -313,8 +332,12 @@ def summarize_entry(
     greedy_runs: list[list[DecodeResult]],
     costs: StepCosts | None,
     seed: int = DEFAULT_SEED,
+    reads: list[list[int]] | None = None,
+    bandwidth: Bandwidth | None = None,
 ) -> dict[str, Any]:
-    """One sweep row: speed over prompts x repeats, acceptance, exactness and the ideal bound."""
+    """One sweep row: speed over prompts x repeats, acceptance, exactness and the ideal bound; with ``reads``
+    (bytes per generation, as ``runs``) and the machine's ``bandwidth``, the roofline: bytes per token, the time
+    they need at that bandwidth and its fraction of the measured time (:mod:`exitbench.roofline`)."""
     flat = [r for repeat in runs for r in repeat]
     per_token = np.array([r.time_per_token_ms for r in flat])
     q25, q75 = np.percentile(per_token, [25, 75])
@@ -350,6 +373,7 @@ def summarize_entry(
         "num_prompts": num_prompts,
         "repeats": len(runs),
         "mean_new_tokens": float(np.mean([r.num_tokens for r in flat])),  # a stop rule may end generations early
+        **roofline_fields(flat, [b for repeat in reads for b in repeat] if reads else [], bandwidth),
     }
     d = entry.num_speculations
     if costs is not None and rate is not None and d is not None and speedup is not None:
@@ -357,6 +381,23 @@ def summarize_entry(
         ideal = ideal_speedup(alpha, d, costs.c_draft, costs.c_verify, costs.c_tail)
         row.update(alpha=alpha, ideal_speedup=ideal, ideal_fraction=fraction_of_ideal(speedup, ideal))
     return row
+
+
+def roofline_fields(
+    results: Sequence[DecodeResult], reads: Sequence[int], bandwidth: Bandwidth | None
+) -> dict[str, float | None]:
+    """``bytes_per_token``, ``roofline_ms_per_token`` and ``roofline_fraction`` over ``results`` (total bytes,
+    tokens and seconds); None where nothing was counted (a method outside exitbench's forward) or measured."""
+    tokens = sum(r.num_tokens for r in results)
+    total = float(sum(reads))
+    if bandwidth is None or total <= 0 or tokens == 0:
+        return dict.fromkeys(("bytes_per_token", "roofline_ms_per_token", "roofline_fraction"))
+    seconds = sum(r.wall_time_s for r in results)
+    return {
+        "bytes_per_token": total / tokens,
+        "roofline_ms_per_token": 1000.0 * total / tokens / (bandwidth.gb_per_s * 1e9),
+        "roofline_fraction": roofline_fraction(total, seconds, bandwidth.gb_per_s),
+    }
 
 
 def run_sweep(
@@ -371,15 +412,20 @@ def run_sweep(
     cost_iters: int = 7,
     progress: bool = True,
     draft_vocab_file: str | None = None,
+    bandwidth: Bandwidth | None = None,
 ) -> list[dict[str, Any]]:
-    """The (E, d) sweep of ``bench`` on one loaded model: one row per method and (E, d), greedy first."""
+    """The (E, d) sweep of ``bench`` on one loaded model: one row per method and (E, d), greedy first, then
+    greedy's A/A control; each with its roofline fraction at ``bandwidth`` when given."""
     stop = stop or StopRule()
     prompts = [list(p) for p in prompts]
     entries = sweep_entries(bench, model.num_layers, draft_vocab_file)
     methods = {entry.label: build_entry(entry, model) for entry in entries}
     dtype_name = dtype or str(model.dtype).removeprefix("torch.")
     desc = f"{model_name}/{dtype_name}"
-    results = run_interleaved(methods, prompts, bench.max_new_tokens, stop, bench.repeats, seed, progress, desc)
+    reads: dict[str, list[list[int]]] = {}
+    results = run_interleaved(
+        methods, prompts, bench.max_new_tokens, stop, bench.repeats, seed, progress, desc, reads=reads
+    )
     costs: dict[tuple[int, int, bool, str], StepCosts] = {}
     rows = []
     for entry in entries:
@@ -390,7 +436,9 @@ def run_sweep(
             if key not in costs:
                 costs[key] = measure_step_costs(model, prompts[0], *key[:3], iters=cost_iters, draft_vocab_file=vocab)
             entry_costs = costs[key]
-        row = summarize_entry(entry, results[entry.label], results[BASELINE], entry_costs, seed)
+        row = summarize_entry(
+            entry, results[entry.label], results[BASELINE], entry_costs, seed, reads[entry.label], bandwidth
+        )
         rows.append({"model": model_name, "dtype": dtype_name, **row, "max_new_tokens": bench.max_new_tokens})
     return rows
 
@@ -402,6 +450,12 @@ def _csv_text(rows: Sequence[dict[str, Any]]) -> str:
     for row in rows:
         writer.writerow({key: "" if row.get(key) is None else row[key] for key in COLUMNS})
     return buffer.getvalue()
+
+
+def bench_bandwidths(out_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """The memory bandwidths (per dtype) a finished bench stage wrote to ``<out>/sweep.json``."""
+    path = Path(out_dir) / "sweep.json"
+    return json.loads(path.read_text())["provenance"].get("memory_bandwidth", {}) if path.exists() else {}
 
 
 def write_results(
@@ -492,6 +546,7 @@ def run_bench(
     rows: list[dict[str, Any]] = []
     device = torch.device("cpu")
     projections: dict[str, dict[str, Any]] = {}
+    bandwidths: dict[str, Bandwidth] = {}  # measured once per dtype, before the first sweep of that dtype
     for name, path in zip(bench.models, model_dirs, strict=True):
         tokenizer = load_tokenizer(path)
         prompts = [encode_prompt(tokenizer, text, chat_template=False) for text in texts]  # as `evaluate` does
@@ -507,6 +562,8 @@ def run_bench(
         for dtype in bench.dtypes:
             model = load_early_exit_model(path, dtype, cfg.base.device)
             device = model.device
+            if dtype not in bandwidths:
+                bandwidths[dtype] = measure_bandwidth(model.dtype, device)
             projections[f"{name}/{dtype}"] = model.projection
             rows.extend(
                 run_sweep(
@@ -519,11 +576,16 @@ def run_bench(
                     seed=cfg.base.seed,
                     progress=progress,
                     draft_vocab_file=vocab_file,
+                    bandwidth=bandwidths[dtype],
                 )
             )
             del model
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    block = {**provenance(stage_view(cfg, "bench_decoding"), device, ",".join(bench.dtypes)), "projection": projections}
+    block = {
+        **provenance(stage_view(cfg, "bench_decoding"), device, ",".join(bench.dtypes)),
+        "projection": projections,
+        "memory_bandwidth": {dtype: bandwidth.to_dict() for dtype, bandwidth in bandwidths.items()},
+    }
     write_results(rows, out_dir, block, bench.task)
     return rows

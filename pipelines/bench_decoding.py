@@ -12,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from exitbench.bench import run_bench
+from exitbench.bench import bench_bandwidths, run_bench
 from exitbench.cli import run_stage, set_threads
 from exitbench.config import load_stage
 
@@ -41,8 +41,10 @@ def main() -> None:
         print(
             f"{where}: {row['time_per_token_ms']:7.2f} ms/token, {_fmt(row['speedup_vs_greedy'], '.2f')}x, "
             f"acc {_fmt(row['acceptance_rate'], '.2f')}, ideal {_fmt(row['ideal_fraction'], '.2f')}, "
-            f"exact {row['exact']}"
+            f"roofline {_fmt(row['roofline_fraction'], '.0%')}, exact {row['exact']}"
         )
+    for dtype, measured in bench_bandwidths(Path(args.out)).items():
+        print(f"memory bandwidth ({dtype}, STREAM triad): {measured['gb_per_s']:.1f} GB/s")
     print(f"bench_decoding: {len(rows)} rows, {threads} threads, {time.perf_counter() - start:.0f}s -> {args.out}/")
 
 

@@ -15,6 +15,7 @@ import torch
 from exitbench.bench import (
     BASELINE,
     COLUMNS,
+    CONTROL_TAG,
     SweepEntry,
     build_entry,
     interval_fields,
@@ -28,6 +29,7 @@ from exitbench.bench import (
 from exitbench.config import BenchConfig, resolve, stage_view
 from exitbench.decoding import DecodeResult, StopRule, build_method
 from exitbench.errors import ExitbenchError
+from exitbench.roofline import Bandwidth
 
 NUM_LAYERS = 4
 
@@ -51,14 +53,26 @@ BENCH = BenchConfig(
 
 @pytest.fixture(scope="module")
 def rows(tiny_model):
-    return run_sweep(tiny_model, prompts(), BENCH, model_name="tiny", dtype="float32", cost_iters=2, progress=False)
+    return run_sweep(
+        tiny_model,
+        prompts(),
+        BENCH,
+        model_name="tiny",
+        dtype="float32",
+        cost_iters=2,
+        progress=False,
+        bandwidth=BANDWIDTH,
+    )
+
+
+BANDWIDTH = Bandwidth(gb_per_s=10.0, dtype="float32", mib=1, threads=1, device="cpu")
 
 
 def test_sweep_entries_cover_every_exit_layer_and_d():
     entries = sweep_entries(BENCH, NUM_LAYERS)
-    assert entries[0] == SweepEntry(BASELINE)
-    assert {e.exit_layer for e in entries[1:]} == {1, 2}
-    assert len(entries) == 1 + 2 * 2 * 3
+    assert entries[:2] == [SweepEntry(BASELINE), SweepEntry(BASELINE, tag=CONTROL_TAG)]  # greedy, its A/A control
+    assert {e.exit_layer for e in entries[2:]} == {1, 2}
+    assert len(entries) == 2 + 2 * 2 * 3
     speculative = next(e for e in entries if e.method == "speculative")
     assert dict(speculative.options) == {"num_speculations": speculative.num_speculations}
 
@@ -75,8 +89,9 @@ def test_exit_layer_at_or_past_the_last_is_an_error_not_a_dropped_row(tiny_model
 
 
 def test_sweep_rows_are_exact_and_complete(rows):
-    assert len(rows) == 1 + 2 * 2 * 3
+    assert len(rows) == 2 + 2 * 2 * 3
     assert rows[0]["method"] == BASELINE and rows[0]["speedup_vs_greedy"] == pytest.approx(1.0)
+    assert rows[1]["method"] == BASELINE + CONTROL_TAG and rows[1]["exact"]  # greedy timed against greedy
     for row in rows:
         assert set(COLUMNS) <= set(row)
         assert row["exact"] is True and row["num_mismatched"] == 0 and row["first_divergence"] is None
@@ -85,8 +100,9 @@ def test_sweep_rows_are_exact_and_complete(rows):
     for row in rows:  # paired 95% interval over the 2 prompts, around the reported speed-up
         assert row["speedup_vs_greedy_low"] <= row["speedup_vs_greedy"] <= row["speedup_vs_greedy_high"]
         assert row["speedup_vs_greedy_n"] == 2
-    assert rows[0]["acceptance_rate"] is None and rows[0]["acceptance_rate_low"] is None  # greedy drafts nothing
-    for row in rows[1:]:
+    for row in rows[:2]:  # greedy drafts nothing
+        assert row["acceptance_rate"] is None and row["acceptance_rate_low"] is None
+    for row in rows[2:]:
         assert 0.0 <= row["acceptance_rate"] <= 1.0
         assert row["acceptance_rate_low"] <= row["acceptance_rate"] <= row["acceptance_rate_high"]
         assert row["acceptance_rate_n"] == 2
@@ -95,6 +111,24 @@ def test_sweep_rows_are_exact_and_complete(rows):
         assert 0.0 <= row["alpha"] <= 1.0
         assert math.isfinite(row["ideal_speedup"]) and row["ideal_speedup"] > 0
         assert row["ideal_fraction"] == pytest.approx(row["speedup_vs_greedy"] / row["ideal_speedup"])
+
+
+def test_sweep_rows_carry_the_roofline_of_what_they_read(rows):
+    """Bytes per token from the read counter; the roofline time at the given bandwidth over the measured time."""
+    by_method = {(r["method"], r["exit_layer"], r["num_speculations"]): r for r in rows}
+    greedy = by_method[(BASELINE, None, None)]
+    assert greedy["bytes_per_token"] > 0
+    assert greedy["roofline_ms_per_token"] == pytest.approx(greedy["bytes_per_token"] / 1e7)  # 10 GB/s, in ms
+    assert greedy["roofline_fraction"] == pytest.approx(
+        greedy["roofline_ms_per_token"] / greedy["mean_time_per_token_ms"], rel=0.5
+    )  # total-based, against the per-prompt mean: close, not equal
+    assert by_method[(BASELINE + CONTROL_TAG, None, None)]["bytes_per_token"] == greedy["bytes_per_token"]
+    # transformers' assistant runs outside exitbench's forward: nothing counted, no roofline (not a zero)
+    peer = by_method[("hf_early_exit", 1, 1)]
+    assert peer["bytes_per_token"] is None and peer["roofline_fraction"] is None
+    # a draft through 1 of 4 layers and a verify from it read less per token than greedy when all is accepted;
+    # whatever the acceptance, every exitbench method read something
+    assert all(r["bytes_per_token"] > 0 for r in rows if not r["method"].startswith("hf_"))
 
 
 def _result(seconds: float, tokens: int, accepted: int = 0, drafted: int = 0) -> DecodeResult:

@@ -26,6 +26,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "results"
 def eval_path(root: Path, model: str, task: str, label: str) -> Path:
     """A summary's place: ``eval/<method stage>/<model>/<task>/<label>.json``."""
     return root / "eval" / label.split("@", 1)[0] / model / task / f"{label}.json"
+
+
 PAPERS = load_replications(REPO / "replications")
 
 
@@ -145,8 +147,10 @@ def test_readme_eval_table_rows(tmp_path: Path) -> None:
 def test_readme_other_sections(tmp_path: Path) -> None:
     readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
     assert "- best for `layerskip` (float32): self_speculative E=15 d=1 → **(1.16x, n=4 < 16: not quoted)**" in readme
-    assert ("| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | (1.16x, n=4 < 16: not quoted) | "
-            "76.0% (n=4) |") in readme
+    assert (
+        "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | (1.16x, n=4 < 16: not quoted) | "
+        "76.0% (n=4) |"
+    ) in readme
     assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 |" in readme
     assert "| topv2 | layerskip | 0.32 | 0.79 | 0.97 | 1.00 |" in readme  # probe at layers 8, 15, 22, 30
     assert "| text | model | layer 8 | layer 15 | layer 22 | layer 30 |" in readme
@@ -465,6 +469,7 @@ def interval(estimate: float, low: float, high: float, n: int) -> dict:
 def add_contract_fields(root: Path) -> None:
     """Give ``layerskip/topv2`` the evaluate stage's intervals, sample ids and sample block (the contract), and an
     exit-layer instance ``early_exit@8``."""
+
     def topv2(label: str) -> Path:
         return eval_path(root, "layerskip", "topv2", label)
 
@@ -686,8 +691,10 @@ def test_exact_method_timed_on_fewer_samples_reports_greedys_quality(results_cop
         ),
     )
     topv2 = eval_part(render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path), "topv2")
-    assert ("| self_speculative † | E=8 d=2 | 0.620 [0.400, 0.800] (n=10) | 14.10 | (1.52x, n=4 < 16: not quoted) |"
-            in topv2)
+    assert (
+        "| self_speculative † | E=8 d=2 | 0.620 [0.400, 0.800] (n=10) | 14.10 | (1.52x, n=4 < 16: not quoted) |"
+        in topv2
+    )
     assert "its quality is `autoregressive`'s (n=10) by construction" in topv2
     assert (
         table_row(
@@ -756,3 +763,30 @@ def test_plots_carry_error_bar_data(results_copy: Path, tmp_path: Path) -> None:
         accepted = [r for r in csv.DictReader(handle) if r["model"] == "layerskip"]
     assert accepted and all(float(r["acceptance_rate_low"]) < float(r["acceptance_rate"]) for r in accepted)
     assert any(p.name == "speedup_vs_quality_topv2.png" for p in files)
+
+
+def test_sweep_table_shows_the_roofline_and_the_a_a_noise_floor(results_copy: Path, tmp_path: Path) -> None:
+    def change(d: dict) -> None:
+        greedy = next(r for r in d["rows"] if r["method"] == "autoregressive" and r["model"] == "layerskip")
+        greedy.update(bytes_per_token=5.38e8, roofline_ms_per_token=26.0, roofline_fraction=0.48)
+        control = {**greedy, "method": "autoregressive (A/A)", "speedup_vs_greedy": 1.01}
+        control.update(speedup_vs_greedy_low=0.97, speedup_vs_greedy_high=1.05, speedup_vs_greedy_n=16)
+        drifted = {**control, "model": "plain", "speedup_vs_greedy_low": 1.02, "speedup_vs_greedy_high": 1.08}
+        d["rows"] += [control, drifted]
+        d["provenance"]["memory_bandwidth"] = {"float32": {"gb_per_s": 20.7, "mib_per_array": 256}}
+        d["provenance"]["cpu_features"] = {"torch_capability": "AVX512", "flags": ["avx512f", "amx_bf16"]}
+
+    _edit(results_copy / "bench" / "sweep.json", change)
+    write_text_outputs(load_results(results_copy), PAPERS, tmp_path, "cpu", [])
+    readme = (tmp_path / "README.md").read_text()
+    assert "float32 triad 20.7 GB/s" in readme and "(avx512f, amx_bf16)" in readme
+    greedy_line = next(
+        line for line in readme.splitlines() if line.startswith("| layerskip | float32 | autoregressive |")
+    )
+    assert greedy_line.endswith("| 538 | 48 | yes |")
+    assert (
+        "- A/A control `layerskip` (float32): greedy against greedy 1.01x [0.97, 1.05] (n=16) (contains 1.00x); "
+        "noise floor ±0.040x" in readme
+    )
+    assert "A/A control `plain` (float32): greedy against greedy 1.01x [1.02, 1.08] (n=16) (**misses 1.00x" in readme
+    assert "best for `layerskip` (float32): autoregressive" not in readme  # the control is never a method's best

@@ -189,6 +189,9 @@ class SweepRow(_Lenient):
     acceptance_rate_low: float | None = Field(None, ge=0, le=1)
     acceptance_rate_high: float | None = Field(None, ge=0, le=1)
     acceptance_rate_n: int | None = Field(None, ge=1)
+    bytes_per_token: float | None = Field(None, gt=0)  # absent from sweeps written before the roofline
+    roofline_ms_per_token: float | None = Field(None, gt=0)
+    roofline_fraction: float | None = Field(None, gt=0)
 
     def interval(self, metric: str) -> Interval | None:
         """``speedup_vs_greedy`` or ``acceptance_rate`` with the sweep's paired interval over prompts, or None."""

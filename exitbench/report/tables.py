@@ -82,7 +82,9 @@ def markdown_table(header: list[str], rows: Iterable[list[str]], align: str = ""
 
 def provenance_line(prov: Provenance, extra: str = "") -> str:
     threads = f"{prov.threads} threads" if prov.threads else "threads ?"
-    parts = [prov.device, threads, f"commit `{prov.short_commit}`", prov.date, f"`{prov.command}`"]
+    features = prov.extra("cpu_features") or {}
+    device = prov.device + (f" ({', '.join(features['flags'])})" if features.get("flags") else "")
+    parts = [device, threads, f"commit `{prov.short_commit}`", prov.date, f"`{prov.command}`"]
     return " · ".join(p for p in [extra, *parts] if p)
 
 
@@ -394,6 +396,14 @@ def per_domain_table(rows: list[EvalResult]) -> list[str]:
     return ["Per-domain exact match:", "", *markdown_table(["method", *domains], body, "l" + "r" * len(domains)), ""]
 
 
+def bandwidth_text(prov: Provenance) -> str:
+    """The bench's STREAM triad bandwidths, per dtype, or "not measured" for an older sweep."""
+    measured = prov.extra("memory_bandwidth") or {}
+    if not measured:
+        return "not measured"
+    return ", ".join(f"{dtype} triad {entry['gb_per_s']:.1f} GB/s" for dtype, entry in measured.items())
+
+
 def sweep_cells(row: SweepRow) -> list[str]:
     return [
         row.model,
@@ -411,12 +421,43 @@ def sweep_cells(row: SweepRow) -> list[str]:
         fmt(row.c_verify),
         fmt_x(row.ideal_speedup),
         fmt(row.ideal_fraction, 2),
+        fmt(None if row.bytes_per_token is None else row.bytes_per_token / 1e6, 0),
+        fmt(None if row.roofline_fraction is None else 100 * row.roofline_fraction, 0),
         fmt(row.exact) if row.num_mismatched in (None, 0) else f"no ({row.num_mismatched})",
     ]
 
 
+def is_greedy_row(row: SweepRow) -> bool:
+    """Greedy or its A/A control (greedy timed against itself), not a method under test."""
+    return row.method.startswith("autoregressive")
+
+
+def noise_floor_lines(rows: Iterable[SweepRow]) -> list[str]:
+    """One line per (model, dtype) with an A/A control: greedy against greedy, whose interval is the run's noise."""
+    lines = []
+    for row in rows:
+        if row.method.startswith("autoregressive") and row.method != "autoregressive":
+            estimate = sweep_estimate(row, "speedup_vs_greedy")
+            interval = estimate.interval
+            width = "" if interval is None else f"; noise floor ±{(interval.high - interval.low) / 2:.3f}x"
+            holds = (
+                ""
+                if interval is None
+                else (
+                    " (contains 1.00x)"
+                    if interval.low <= 1.0 <= interval.high
+                    else " (**misses 1.00x: timing drifted**)"
+                )
+            )
+            lines.append(
+                f"- A/A control `{row.model}` ({row.dtype}): greedy against greedy "
+                f"{fmt_estimate(estimate, 'x')}{holds}{width}"
+            )
+    return lines
+
+
 def best_sweep_row(rows: Iterable[SweepRow]) -> SweepRow | None:
-    candidates = [r for r in rows if r.speedup_vs_greedy and r.method != "autoregressive"]
+    candidates = [r for r in rows if r.speedup_vs_greedy and not is_greedy_row(r)]
     return max(candidates, key=lambda r: r.speedup_vs_greedy or 0.0) if candidates else None
 
 
@@ -436,6 +477,9 @@ def sweep_section(results: Results) -> list[str]:
         "head, over the sub-vocabulary in +subvocab rows), c_tail the last draft's E layers without the head (once "
         "a round, for a verification that starts at the exit), c_verify one verification forward over d + 1 "
         "positions; ideal = tokens per round / (d c_draft + c_tail + c_verify).",
+        "Roofline: MB/token is what a method reads per generated token (weights of the layers it runs, the head, "
+        "the KV cache it attends over; prefill included); % roofline is the time those bytes need at the "
+        f"machine's measured bandwidth ({bandwidth_text(sweep.provenance)}) over the measured time.",
         "",
     ]
     for model_dtype in sorted({(r.model, r.dtype) for r in sweep.rows}):
@@ -463,12 +507,15 @@ def sweep_section(results: Results) -> list[str]:
         "c_verify",
         "ideal",
         "ideal fraction",
+        "MB/token",
+        "% roofline",
         "exact",
     ]
     rows = sorted(
         sweep.rows, key=lambda r: (r.model, r.dtype, method_key(r.method), r.exit_layer or 0, r.num_speculations or 0)
     )
-    return [*lines, *markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrrl"), ""]
+    table = markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrrrrl")
+    return [*lines, *table, "", *noise_floor_lines(rows), ""]
 
 
 # ------------------------------------------------------------------------------------------ control comparison
@@ -797,7 +844,8 @@ def calibration_table(rows: list[tuple[str, CalibrationRow]]) -> list[str]:
             fmt(r.test_risk),
             risk_ok_cell(r),
             fmt(r.avg_exit_layer, 1),
-            fmt_x(r.speedup_vs_greedy) if r.speedup_vs_greedy is None or not too_few_timed(r.num_test)
+            fmt_x(r.speedup_vs_greedy)
+            if r.speedup_vs_greedy is None or not too_few_timed(r.num_test)
             else f"({fmt_x(r.speedup_vs_greedy)}, n={r.num_test} < {MIN_SPEED_PROMPTS}: not quoted)",
             quality_cell(r),
         ]
