@@ -289,6 +289,45 @@ def measure_step_costs(
     )
 
 
+#: token rows a verification forward may carry (d + 1 <= 8 in every profile's sweep and Table 6's d = 8 is 9)
+VERIFY_ROWS = (1, 2, 3, 4, 6, 9)
+
+
+@torch.inference_mode()
+def measure_verify_scaling(
+    model: EarlyExitModel, context: Sequence[int], exit_layer: int, rows: Sequence[int] = VERIFY_ROWS, iters: int = 9
+) -> dict[str, Any]:
+    """The cost of one verification forward (layers ``exit_layer..L-1``, the head, argmax) over ``rows`` token rows,
+    relative to the same forward over one row, timed interleaved after ``context``.
+
+    At batch 1 a forward reads each weight once whatever the rows if its kernels read them once, so the ratio
+    is the price of a longer draft: near 1.0 up to the rows where arithmetic, not reading, takes over. It is
+    what decides whether verifying d drafts is cheap, measured per machine and dtype rather than assumed.
+    """
+    length = len(context)
+    cache = model.new_cache(length + max(rows) + 1)
+    prefill(model, cache, context)
+
+    def verify(count: int) -> Any:
+        ids = as_ids(model, [int(context[-1])] * count)
+
+        def call() -> None:
+            hidden = model.forward_layers(model.embed(ids), exit_layer, model.num_layers, length, cache)
+            model.logits(hidden)[0].argmax(-1).tolist()
+            cache.crop(length)
+
+        return call
+
+    seconds = interleaved_medians({str(count): verify(count) for count in rows}, iters)
+    one = seconds[str(rows[0])]
+    return {
+        "exit_layer": exit_layer,
+        "rows": list(rows),
+        "relative_cost": [round(seconds[str(count)] / one, 3) for count in rows],
+        "one_row_ms": round(1000 * one, 3),
+    }
+
+
 def per_prompt_totals(runs: list[list[DecodeResult]]) -> np.ndarray:
     """``[4, prompts]``: seconds, tokens, accepted and drafted tokens per prompt, summed over repeats."""
     totals = np.zeros((4, len(runs[0])))
@@ -547,6 +586,7 @@ def run_bench(
     device = torch.device("cpu")
     projections: dict[str, dict[str, Any]] = {}
     bandwidths: dict[str, Bandwidth] = {}  # measured once per dtype, before the first sweep of that dtype
+    verify_scaling: dict[str, dict[str, Any]] = {}
     for name, path in zip(bench.models, model_dirs, strict=True):
         tokenizer = load_tokenizer(path)
         prompts = [encode_prompt(tokenizer, text, chat_template=False) for text in texts]  # as `evaluate` does
@@ -565,6 +605,9 @@ def run_bench(
             if dtype not in bandwidths:
                 bandwidths[dtype] = measure_bandwidth(model.dtype, device)
             projections[f"{name}/{dtype}"] = model.projection
+            verify_scaling[f"{name}/{dtype}"] = measure_verify_scaling(
+                model, prompts[0], bench.exit_layers[len(bench.exit_layers) // 2]
+            )
             rows.extend(
                 run_sweep(
                     model,
@@ -586,6 +629,7 @@ def run_bench(
         **provenance(stage_view(cfg, "bench_decoding"), device, ",".join(bench.dtypes)),
         "projection": projections,
         "memory_bandwidth": {dtype: bandwidth.to_dict() for dtype, bandwidth in bandwidths.items()},
+        "verify_scaling": verify_scaling,
     }
     write_results(rows, out_dir, block, bench.task)
     return rows

@@ -20,6 +20,7 @@ from exitbench.bench import (
     build_entry,
     interval_fields,
     measure_step_costs,
+    measure_verify_scaling,
     run_interleaved,
     run_sweep,
     sweep_entries,
@@ -180,6 +181,12 @@ def test_truncated_view_is_a_separate_model_with_shared_weights(tiny_model):
     assert view.layers[1] is tiny_model.layers[1] and view.new_cache(8).keys.shape[0] == 2
     method = build_entry(SweepEntry("speculative", (("num_speculations", 2),), 2, 2), tiny_model)
     assert method.draft_model is not None and method.draft_model.num_layers == 2
+
+
+def test_verify_scaling_is_relative_to_one_row(tiny_model):
+    scaling = measure_verify_scaling(tiny_model, prompts()[0], exit_layer=2, rows=(1, 2, 4), iters=2)
+    assert scaling["rows"] == [1, 2, 4] and scaling["relative_cost"][0] == 1.0 and scaling["exit_layer"] == 2
+    assert all(cost > 0 for cost in scaling["relative_cost"]) and scaling["one_row_ms"] > 0
 
 
 def test_step_costs_are_positive_ratios(tiny_model):

@@ -775,6 +775,14 @@ def test_sweep_table_shows_the_roofline_and_the_a_a_noise_floor(results_copy: Pa
         d["rows"] += [control, drifted]
         d["provenance"]["memory_bandwidth"] = {"float32": {"gb_per_s": 20.7, "mib_per_array": 256}}
         d["provenance"]["cpu_features"] = {"torch_capability": "AVX512", "flags": ["avx512f", "amx_bf16"]}
+        d["provenance"]["verify_scaling"] = {
+            "layerskip/float32": {
+                "exit_layer": 15,
+                "rows": [1, 2, 9],
+                "relative_cost": [1.0, 1.09, 2.2],
+                "one_row_ms": 31.0,
+            }
+        }
 
     _edit(results_copy / "bench" / "sweep.json", change)
     write_text_outputs(load_results(results_copy), PAPERS, tmp_path, "cpu", [])
@@ -789,4 +797,8 @@ def test_sweep_table_shows_the_roofline_and_the_a_a_noise_floor(results_copy: Pa
         "noise floor ±0.040x" in readme
     )
     assert "A/A control `plain` (float32): greedy against greedy 1.01x [1.02, 1.08] (n=16) (**misses 1.00x" in readme
+    assert (
+        "- verification over r rows (layers 15..L-1 and the head) costs, relative to one row (31.0 ms), "
+        "`layerskip/float32`: 1: 1.00, 2: 1.09, 9: 2.20" in readme
+    )
     assert "best for `layerskip` (float32): autoregressive" not in readme  # the control is never a method's best

@@ -404,6 +404,19 @@ def bandwidth_text(prov: Provenance) -> str:
     return ", ".join(f"{dtype} triad {entry['gb_per_s']:.1f} GB/s" for dtype, entry in measured.items())
 
 
+def verify_scaling_lines(prov: Provenance) -> list[str]:
+    """One line per model and dtype: a verification forward's cost over r token rows relative to one row."""
+    lines = []
+    for key, scaling in (prov.extra("verify_scaling") or {}).items():
+        pairs = zip(scaling["rows"], scaling["relative_cost"], strict=True)
+        costs = ", ".join(f"{rows}: {cost:.2f}" for rows, cost in pairs)
+        lines.append(
+            f"- verification over r rows (layers {scaling['exit_layer']}..L-1 and the head) costs, relative to one "
+            f"row ({scaling['one_row_ms']:.1f} ms), `{key}`: {costs}"
+        )
+    return [*lines, ""] if lines else []
+
+
 def sweep_cells(row: SweepRow) -> list[str]:
     return [
         row.model,
@@ -482,6 +495,7 @@ def sweep_section(results: Results) -> list[str]:
         f"machine's measured bandwidth ({bandwidth_text(sweep.provenance)}) over the measured time.",
         "",
     ]
+    lines += verify_scaling_lines(sweep.provenance)
     for model_dtype in sorted({(r.model, r.dtype) for r in sweep.rows}):
         best = best_sweep_row(r for r in sweep.rows if (r.model, r.dtype) == model_dtype)
         if best is not None:
