@@ -84,14 +84,29 @@ class CpuRates:
 
 #: measured CPU kinds (docs/measurements.md, 'CPU cost model'); an unknown CPU uses the slowest
 CPU_KINDS = (
-    CpuRates("Intel Xeon (AMX-BF16), 2 cores", "amx_bf16", 4.53e11, 9.7e-11,
-             "layerskip_topv2_cpu twin, 2026-12-06"),
-    CpuRates("AMD EPYC (AVX512-BF16), 2 cores", "avx512_bf16", 6.55e11, 1.50e-10, "cpu profile, d0349fc, 2026-12-05"),
+    # FLOP/s of 6N per planned token (seq_len per row) times the rows' cost (CORPUS_ROW_COST): the Xeon's from
+    # layerskip_continual_cpu's plain (37:15 for 240 steps of 128-token rows), the EPYC's from the cpu profile's mix
+    CpuRates("Intel Xeon (AMX-BF16), 2 cores", "amx_bf16", 2.67e11, 9.7e-11,
+             "layerskip_continual_cpu (training) and layerskip_topv2_cpu (decoding) twins, 2026-12-06"),
+    CpuRates("AMD EPYC (AVX512-BF16), 2 cores", "avx512_bf16", 4.67e11, 1.50e-10, "cpu profile, d0349fc, 2026-12-05"),
 )
 #: a recipe's step time over plain's (same batch): layerskip with exit losses over the whole vocabulary 45:39 vs
 #: 36:27 for 400 steps (Xeon twin), over a 2,048-token sub-vocabulary 3.9 vs 3.8 s a step, calm (a loss at every
 #: layer) 7:09 for 60 steps (both EPYC cpu run)
 RECIPE_COST = {"plain": 1.0, "layerskip": 1.25, "layerskip/subvocab": 1.03, "calm": 1.88}
+#: a corpus row's training cost relative to a row of seq_len tokens (micro-batches are length-sorted and padded to
+#: their longest row): a TOPv2 row (~47 tokens) cost 0.217 s of a plain step on the Xeon (layerskip_topv2_cpu:
+#: 2,086 s for 9,600 rows), a 128-token news or code row 0.37 s (layerskip_continual_cpu: 2,130 s for 5,760 rows)
+CORPUS_ROW_COST = {"topv2": 0.59}
+
+
+def row_cost(corpus: dict[str, float | None]) -> float:
+    """The mean cost of a training row of ``corpus`` (source -> share) relative to a full seq_len row."""
+    shares = {name: share for name, share in corpus.items() if share}
+    total = sum(shares.values())
+    return sum(share * CORPUS_ROW_COST.get(name, 1.0) for name, share in shares.items()) / total if total else 1.0
+
+
 #: the estimate's error measured on the runs above: a budget is exceeded only past it
 CPU_ESTIMATE_ERROR = 0.25
 #: the stages the plan does not model (prepare, probe_layers, report, check, page): 4:32 in the EPYC run
@@ -145,7 +160,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
     for name, v in cfg.train.variants.items():
         if v.source != "train":
             continue
-        tokens = v.steps * v.batch_size * v.grad_accum * v.seq_len
+        tokens = v.steps * v.batch_size * v.grad_accum * v.seq_len * row_cost(v.corpus)
         rows.append(
             PlanRow(
                 f"train@{name}",

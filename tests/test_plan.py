@@ -13,6 +13,7 @@ from exitbench import config
 from exitbench.decoding import method_class
 from exitbench.errors import ExitbenchError
 from exitbench.plan import (
+    CORPUS_ROW_COST,
     CPU_KINDS,
     DEVICES,
     OPT_IN,
@@ -26,6 +27,7 @@ from exitbench.plan import (
     device_hours,
     render_plan,
     require_cuda,
+    row_cost,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,8 +111,16 @@ def test_training_hours_follow_six_n_d():
     v = cfg.train.variants["layerskip"]
     row = next(r for r in build_plan(cfg, exact) if r.stage == "train@layerskip")
     tokens = v.steps * v.batch_size * v.grad_accum * v.seq_len
-    assert row.flops == pytest.approx(6 * 1.24e9 * tokens)
+    assert v.corpus == {"topv2": 1.0}  # short rows: each costs CORPUS_ROW_COST's share of a full seq_len row
+    assert row.flops == pytest.approx(6 * 1.24e9 * tokens * CORPUS_ROW_COST["topv2"])
     assert device_hours(row, DEVICES["h100"]) == pytest.approx(row.flops / (989e12 * TRAIN_MFU) / 3600)
+
+
+def test_a_training_row_costs_its_corpus_mix_of_short_and_full_rows():
+    assert row_cost({"topv2": 1.0}) == CORPUS_ROW_COST["topv2"] < 1.0
+    assert row_cost({"news": 0.5, "code": 0.5}) == 1.0  # 128-token blocks fill seq_len
+    assert row_cost({"topv2": 0.7, "code": 0.2, "news": 0.1}) == pytest.approx(0.7 * CORPUS_ROW_COST["topv2"] + 0.3)
+    assert row_cost({}) == 1.0
 
 
 def test_exact_methods_are_planned_on_the_timing_sample_only():
