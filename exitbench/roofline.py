@@ -106,7 +106,8 @@ class ReadCounter:
         shape = model.shape
         element = torch.tensor([], dtype=model.dtype).element_size()
         kv_per_position = 2 * shape.num_kv_heads * shape.head_dim * element  # one layer's K and V of one position
-        head_bytes = _nbytes(model.lm_head.parameters()) + _nbytes(model.norm.parameters())
+        norm_bytes = _nbytes(model.norm.parameters())
+        head_bytes = _nbytes(model.lm_head.parameters()) + norm_bytes
         row_bytes = shape.hidden_size * element
         counter = self
         cls = type(model)
@@ -138,7 +139,7 @@ class ReadCounter:
             return cls.logits(self, hidden)
 
         def logits_subset(self: EarlyExitModel, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
-            counter.bytes += _nbytes((head_weight,)) + _nbytes(model.norm.parameters())
+            counter.bytes += head_weight.numel() * head_weight.element_size() + norm_bytes
             return cls.logits_subset(self, hidden, head_weight)
 
         for fn in (embed, layer_forward, write_kv_only, logits, logits_subset):

@@ -449,7 +449,7 @@ def noise_floor_lines(rows: Iterable[SweepRow]) -> list[str]:
     """One line per (model, dtype) with an A/A control: greedy against greedy, whose interval is the run's noise."""
     lines = []
     for row in rows:
-        if row.method.startswith("autoregressive") and row.method != "autoregressive":
+        if is_greedy_row(row) and row.method != "autoregressive":
             estimate = sweep_estimate(row, "speedup_vs_greedy")
             interval = estimate.interval
             width = "" if interval is None else f"; noise floor ±{(interval.high - interval.low) / 2:.3f}x"
