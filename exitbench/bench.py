@@ -337,6 +337,20 @@ def per_prompt_totals(runs: list[list[DecodeResult]]) -> np.ndarray:
     return totals
 
 
+def pass_speedups(runs: list[list[DecodeResult]], greedy_runs: list[list[DecodeResult]]) -> list[float] | None:
+    """The speed-up of each timing pass (repeat) alone: greedy's time per token over the method's, both summed
+    over the pass's prompts. Their spread says how much one pass can be trusted (Spec-Bench repeats its timing);
+    None where a pass has no time or no tokens."""
+    speedups = []
+    for repeat, greedy_repeat in zip(runs, greedy_runs, strict=True):
+        seconds, tokens = sum(r.wall_time_s for r in repeat), sum(r.num_tokens for r in repeat)
+        g_seconds, g_tokens = sum(r.wall_time_s for r in greedy_repeat), sum(r.num_tokens for r in greedy_repeat)
+        if min(seconds, tokens, g_seconds, g_tokens) <= 0:
+            return None
+        speedups.append((g_seconds / g_tokens) / (seconds / tokens))
+    return speedups
+
+
 def _flat(metric: str, interval: Interval) -> dict[str, Any]:
     return {
         metric: interval.estimate,
@@ -399,6 +413,7 @@ def summarize_entry(
         "iqr_ms": float(q75 - q25),
         "mean_time_per_token_ms": mean_ms,
         **intervals,
+        "speedup_passes": pass_speedups(runs, greedy_runs),
         "alpha": None,
         "tokens_per_round": sum(r.num_tokens for r in flat) / rounds if rounds else None,
         "c_draft": costs.c_draft if costs else None,

@@ -21,6 +21,7 @@ from exitbench.bench import (
     interval_fields,
     measure_step_costs,
     measure_verify_scaling,
+    pass_speedups,
     run_interleaved,
     run_sweep,
     sweep_entries,
@@ -150,6 +151,14 @@ def test_interval_fields_pair_prompts_and_sum_repeats():
     no_drafts = interval_fields(greedy, greedy)
     assert no_drafts["speedup_vs_greedy"] == no_drafts["speedup_vs_greedy_high"] == pytest.approx(1.0)
     assert no_drafts["acceptance_rate"] is None and no_drafts["acceptance_rate_n"] is None
+
+
+def test_pass_speedups_are_one_per_timing_pass():
+    """Each pass's speed-up uses that pass's prompts only: a slow second pass shows in the spread."""
+    greedy = [[_result(1.0, 10), _result(2.0, 10)], [_result(1.0, 10), _result(2.0, 10)]]
+    method = [[_result(0.5, 10), _result(1.0, 10)], [_result(1.5, 10), _result(1.5, 10)]]
+    assert pass_speedups(method, greedy) == pytest.approx([2.0, 1.0])
+    assert pass_speedups([[_result(0.0, 10)]], [[_result(1.0, 10)]]) is None  # nothing timed: no speed-up
 
 
 def test_write_results_csv_and_json_parse(rows, tmp_path):

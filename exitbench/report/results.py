@@ -192,6 +192,7 @@ class SweepRow(_Lenient):
     bytes_per_token: float | None = Field(None, gt=0)  # absent from sweeps written before the roofline
     roofline_ms_per_token: float | None = Field(None, gt=0)
     roofline_fraction: float | None = Field(None, gt=0)
+    speedup_passes: tuple[float, ...] | None = None  # one speed-up per timing pass (absent before passes)
 
     def interval(self, metric: str) -> Interval | None:
         """``speedup_vs_greedy`` or ``acceptance_rate`` with the sweep's paired interval over prompts, or None."""

@@ -277,6 +277,7 @@ def eval_table(rows: list[EvalResult]) -> list[str]:
         *metrics,
         "ms/token",
         "speed-up",
+        "passes",
         "acceptance",
         "tokens/round",
         "tokens/sample",
@@ -427,6 +428,7 @@ def sweep_cells(row: SweepRow) -> list[str]:
         fmt(row.time_per_token_ms, 2),
         fmt(row.iqr_ms, 2),
         fmt_estimate(sweep_estimate(row, "speedup_vs_greedy"), "x"),
+        pass_range(row),
         fmt_estimate(sweep_estimate(row, "acceptance_rate"), "pct"),
         fmt(row.tokens_per_round, 2),
         fmt(row.c_draft),
@@ -438,6 +440,14 @@ def sweep_cells(row: SweepRow) -> list[str]:
         fmt(None if row.roofline_fraction is None else 100 * row.roofline_fraction, 0),
         fmt(row.exact) if row.num_mismatched in (None, 0) else f"no ({row.num_mismatched})",
     ]
+
+
+def pass_range(row: SweepRow) -> str:
+    """The lowest and highest single-pass speed-up ("0.97-1.04x"), or "-" with fewer than two passes."""
+    passes = row.speedup_passes or ()
+    if len(passes) < 2:
+        return "-"
+    return f"{min(passes):.2f}-{max(passes):.2f}x"
 
 
 def is_greedy_row(row: SweepRow) -> bool:
@@ -453,6 +463,8 @@ def noise_floor_lines(rows: Iterable[SweepRow]) -> list[str]:
             estimate = sweep_estimate(row, "speedup_vs_greedy")
             interval = estimate.interval
             width = "" if interval is None else f"; noise floor ±{(interval.high - interval.low) / 2:.3f}x"
+            if (passes := pass_range(row)) != "-":
+                width += f"; one pass alone {passes}"
             holds = (
                 ""
                 if interval is None
@@ -485,7 +497,8 @@ def sweep_section(results: Results) -> list[str]:
         provenance_line(sweep.provenance, f"`{sweep.source_file}` · {setup}"),
         "",
         "Speed-up and acceptance: 95% bootstrap interval over prompts (speed-up paired with greedy on the "
-        "same prompts) and n = prompts.",
+        "same prompts, repeats summed) and n = prompts; passes: the lowest and highest speed-up of one timing "
+        "pass alone (each pass times every prompt once, methods interleaved).",
         "Costs, relative to one greedy step and timed interleaved: c_draft one draft step (E layers and the draft "
         "head, over the sub-vocabulary in +subvocab rows), c_tail the last draft's E layers without the head (once "
         "a round, for a verification that starts at the exit), c_verify one verification forward over d + 1 "
@@ -528,7 +541,7 @@ def sweep_section(results: Results) -> list[str]:
     rows = sorted(
         sweep.rows, key=lambda r: (r.model, r.dtype, method_key(r.method), r.exit_layer or 0, r.num_speculations or 0)
     )
-    table = markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrrrrl")
+    table = markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrrrrrl")
     return [*lines, *table, "", *noise_floor_lines(rows), ""]
 
 
