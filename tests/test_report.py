@@ -148,7 +148,7 @@ def test_readme_other_sections(tmp_path: Path) -> None:
     readme = render_readme(load_results(FIXTURES), PAPERS, "cpu", [], tmp_path)
     assert "- best for `layerskip` (float32): self_speculative E=15 d=1 → **(1.16x, n=4 < 16: not quoted)**" in readme
     assert (
-        "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | (1.16x, n=4 < 16: not quoted) | "
+        "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 | 0.50 | (1.16x, n=4 < 16: not quoted) | - | "
         "76.0% (n=4) |"
     ) in readme
     assert "| layerskip | float32 | self_speculative | 15 | 1 | 18.07 |" in readme
@@ -805,3 +805,18 @@ def test_sweep_table_shows_the_roofline_and_the_a_a_noise_floor(results_copy: Pa
         "`layerskip/float32`: 1: 1.00, 2: 1.09, 9: 2.20" in readme
     )
     assert "best for `layerskip` (float32): autoregressive" not in readme  # the control is never a method's best
+
+
+def test_eval_table_prints_the_a_a_control_and_its_noise_floor(results_copy: Path, tmp_path: Path) -> None:
+    """Greedy timed against greedy under its own label: its interval and half-width under the task's table."""
+    folder = results_copy / "eval" / "autoregressive" / "layerskip" / "topv2"
+    control = json.loads((folder / "autoregressive.json").read_text())
+    control.update(method="autoregressive@aa", base_method="autoregressive")
+    control["speed"]["speedup_vs_greedy"] = 1.01
+    control["intervals"] = {"speedup_vs_greedy": {"estimate": 1.01, "low": 0.98, "high": 1.04, "n": 32}}
+    (folder / "autoregressive@aa.json").write_text(json.dumps(control))
+    readme = render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path)
+    assert (
+        "A/A control (`autoregressive@aa`: greedy timed against greedy like a method): 1.01x [0.98, 1.04] (n=32) "
+        "(contains 1.00x); noise floor ±0.030x." in eval_part(readme, "topv2")
+    )

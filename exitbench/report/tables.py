@@ -76,7 +76,10 @@ def markdown_table(header: list[str], rows: Iterable[list[str]], align: str = ""
     """Markdown table lines; ``align`` is one character per column: 'l' or 'r' (default 'l')."""
     aligns = [("---:" if a == "r" else "---") for a in align.ljust(len(header), "l")]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(aligns) + " |"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"markdown_table: a row of {len(row)} cells under {len(header)} headers: {row}")
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     return lines
 
 
@@ -268,6 +271,10 @@ def tokens_per_sample(r: EvalResult) -> float | None:
     return r.speed.num_tokens / scored_prompts if r.speed.num_tokens is not None and scored_prompts else None
 
 
+# greedy decoding under a label of its own, timed against greedy exactly like a method (an A/A control)
+A_A_METHOD = "autoregressive@aa"
+
+
 def eval_table(rows: list[EvalResult]) -> list[str]:
     """One (task, model): a row per method; every quality metric, speed-up and acceptance with interval and n."""
     metrics = quality_metrics(rows)
@@ -277,7 +284,6 @@ def eval_table(rows: list[EvalResult]) -> list[str]:
         *metrics,
         "ms/token",
         "speed-up",
-        "passes",
         "acceptance",
         "tokens/round",
         "tokens/sample",
@@ -316,6 +322,13 @@ def eval_table(rows: list[EvalResult]) -> list[str]:
             "decoding (what a user gets). `hf_greedy`'s own speed-up is the engine's share, `autoregressive@linear`'s "
             "(F.linear projections, as transformers uses) the kernel's.",
         ]
+    for r in rows:
+        if r.method == A_A_METHOD:
+            lines += [
+                "",
+                f"A/A control (`{A_A_METHOD}`: greedy timed against greedy like a method): "
+                f"{a_a_text(speed_estimate(r, 'speedup_vs_greedy'))}.",
+            ]
     for r in rows:
         if r.extra_memory:
             lines += ["", f"`{r.method}` holds beside the model: {memory_text(r.extra_memory)}."]
@@ -455,28 +468,26 @@ def is_greedy_row(row: SweepRow) -> bool:
     return row.method.startswith("autoregressive")
 
 
+def a_a_text(estimate: Estimate) -> str:
+    """Greedy timed against itself: its speed-up, whether its interval contains 1.00x, and its half-width (the
+    noise floor: a speed-up whose interval is not wider apart from 1.00x than this is within timing noise)."""
+    interval = estimate.interval
+    if interval is None:
+        return fmt_estimate(estimate, "x")
+    holds = " (contains 1.00x)" if interval.low <= 1.0 <= interval.high else " (**misses 1.00x: timing drifted**)"
+    return f"{fmt_estimate(estimate, 'x')}{holds}; noise floor ±{(interval.high - interval.low) / 2:.3f}x"
+
+
 def noise_floor_lines(rows: Iterable[SweepRow]) -> list[str]:
     """One line per (model, dtype) with an A/A control: greedy against greedy, whose interval is the run's noise."""
     lines = []
     for row in rows:
         if is_greedy_row(row) and row.method != "autoregressive":
-            estimate = sweep_estimate(row, "speedup_vs_greedy")
-            interval = estimate.interval
-            width = "" if interval is None else f"; noise floor ±{(interval.high - interval.low) / 2:.3f}x"
-            if (passes := pass_range(row)) != "-":
-                width += f"; one pass alone {passes}"
-            holds = (
-                ""
-                if interval is None
-                else (
-                    " (contains 1.00x)"
-                    if interval.low <= 1.0 <= interval.high
-                    else " (**misses 1.00x: timing drifted**)"
-                )
-            )
+            passes = pass_range(row)
+            single = f"; one pass alone {passes}" if passes != "-" else ""
             lines.append(
                 f"- A/A control `{row.model}` ({row.dtype}): greedy against greedy "
-                f"{fmt_estimate(estimate, 'x')}{holds}{width}"
+                f"{a_a_text(sweep_estimate(row, 'speedup_vs_greedy'))}{single}"
             )
     return lines
 
@@ -527,6 +538,7 @@ def sweep_section(results: Results) -> list[str]:
         "ms/token",
         "IQR ms",
         "speed-up",
+        "passes",
         "acceptance",
         "tokens/round",
         "c_draft",
