@@ -34,8 +34,10 @@ import csv
 import dataclasses
 import io
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +52,13 @@ from exitbench.decoding import DecodeResult, DecodingMethod, StopRule, build_met
 from exitbench.decoding.self_speculative import DraftHead
 from exitbench.decoding.steps import as_ids, draft_hidden, full_step, greedy, prefill
 from exitbench.errors import ExitbenchError
-from exitbench.evaluation import encode_prompt, first_divergence, stop_rule
 from exitbench.exit_vocab import model_exit_vocabulary, write_draft_vocab
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
+from exitbench.prompts import encode_prompt, first_divergence, stop_rule
 from exitbench.provenance import provenance
 from exitbench.roofline import Bandwidth, ReadCounter, measure_bandwidth, roofline_fraction
-from exitbench.stats import DEFAULT_SEED, Interval, ratio_interval, speedup_interval
+from exitbench.stats import DEFAULT_SEED, Interval, median_interval, ratio_interval, speedup_interval
 from exitbench.subvocab import task_train_path
 from exitbench.tasks.registry import Task, TaskSettings, build_task
 from exitbench.timing import interleaved_medians
@@ -88,8 +90,14 @@ COLUMNS = (
     "alpha",
     "tokens_per_round",
     "c_draft",
+    "c_draft_low",
+    "c_draft_high",
     "c_tail",
+    "c_tail_low",
+    "c_tail_high",
     "c_verify",
+    "c_verify_low",
+    "c_verify_high",
     "ideal_speedup",
     "ideal_fraction",
     "exact",
@@ -128,12 +136,26 @@ class SweepEntry:
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Measured step costs relative to one full greedy step (median seconds of small timed loops)."""
+    """Measured step costs relative to one full greedy step: the median over interleaved rounds of each round's
+    ratio, with the interval of that median (:func:`~exitbench.stats.median_interval`) in ``bounds``."""
 
     full_step_s: float
     c_draft: float
     c_verify: float
     c_tail: float = 0.0  # the last draft's layers 0..E-1 (no head), run once a round by a verify from the exit
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)  # cost name -> (low, high)
+
+
+COST_NAMES = ("c_draft", "c_tail", "c_verify")
+
+
+def cost_fields(costs: StepCosts | None) -> dict[str, float | None]:
+    """A sweep row's cost columns: each cost and its interval's ends (None where not measured)."""
+    out: dict[str, float | None] = {}
+    for name in COST_NAMES:
+        low, high = costs.bounds.get(name, (None, None)) if costs else (None, None)
+        out.update({name: getattr(costs, name) if costs else None, f"{name}_low": low, f"{name}_high": high})
+    return out
 
 
 def sweep_entries(bench: BenchConfig, num_layers: int, draft_vocab_file: str | None = None) -> list[SweepEntry]:
@@ -225,6 +247,25 @@ def run_interleaved(
 
 
 @torch.inference_mode()
+def interleaved_times(fns: dict[str, Callable[[], Any]], iters: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Each entry's wall time in each of ``iters`` rounds, in :func:`~exitbench.timing.interleaved_medians`'
+    order (entries alternating call by call, forward and reverse rounds): round i's times are neighbours in time,
+    so their ratios are paired measurements. (Kept out of :mod:`exitbench.timing`, whose bytes key every stored
+    generation through the models' kernel choice.)"""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+
+    def recorded(name: str, fn: Callable[[], Any]) -> Callable[[], None]:
+        def call() -> None:
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+
+        return call
+
+    interleaved_medians({name: recorded(name, fn) for name, fn in fns.items()}, iters, warmup)
+    return {name: values[warmup:] for name, values in times.items()}
+
+
 def measure_step_costs(
     model: EarlyExitModel,
     context: Sequence[int],
@@ -280,12 +321,18 @@ def measure_step_costs(
         cache.crop(length)
 
     fns = {"full": full, "draft": draft, "verify": verify} | ({"tail": tail} if verify_from_exit else {})
-    seconds = interleaved_medians({name: timed(fn) for name, fn in fns.items()}, iters)
+    times = interleaved_times({name: timed(fn) for name, fn in fns.items()}, iters)
+    ratios = {
+        f"c_{name}": median_interval([t / f for t, f in zip(times[name], times["full"], strict=True)])
+        for name in fns
+        if name != "full"
+    }
     return StepCosts(
-        full_step_s=seconds["full"],
-        c_draft=seconds["draft"] / seconds["full"],
-        c_verify=seconds["verify"] / seconds["full"],
-        c_tail=seconds["tail"] / seconds["full"] if verify_from_exit else 0.0,
+        full_step_s=statistics.median(times["full"]),
+        c_draft=ratios["c_draft"].estimate,
+        c_verify=ratios["c_verify"].estimate,
+        c_tail=ratios["c_tail"].estimate if verify_from_exit else 0.0,
+        bounds={name: (interval.low, interval.high) for name, interval in ratios.items()},
     )
 
 
@@ -416,9 +463,7 @@ def summarize_entry(
         "speedup_passes": pass_speedups(runs, greedy_runs),
         "alpha": None,
         "tokens_per_round": sum(r.num_tokens for r in flat) / rounds if rounds else None,
-        "c_draft": costs.c_draft if costs else None,
-        "c_tail": costs.c_tail if costs else None,
-        "c_verify": costs.c_verify if costs else None,
+        **cost_fields(costs),
         "ideal_speedup": None,
         "ideal_fraction": None,
         "exact": not mismatched_prompts,

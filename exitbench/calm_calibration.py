@@ -535,7 +535,7 @@ def read_task_rows(task: Task, data_dir: Path) -> dict[str, list[dict[str, Any]]
 def encoded_task(task: Task, rows: dict[str, list[dict[str, Any]]], tokenizer: Any, settings: CalibrateConfig
                  ) -> CalibrationTask:
     """A :class:`CalibrationTask` from a real task: its prompts, stop rule, decoding and primary metric."""
-    from exitbench.evaluation import encode_prompt, stop_rule
+    from exitbench.prompts import encode_prompt, stop_rule
 
     calibration, test = calibration_samples(task, rows, settings.num_calibration, settings.num_test)
 

@@ -6,31 +6,32 @@ as LayerSkip defines it: mean time per generated token of greedy / of the method
 prompts and process). The samples are the task's seeded, stratified draw (:meth:`Task.samples`, ids
 recorded in every summary): greedy and the inexact methods run on all of it (the quality sample), exact
 methods on its first ``timing_samples`` (the timing sample; their quality is greedy's by construction).
-Per-sample records are appended to ``<out>/<model>/<task>/<method>.jsonl`` (fsynced per line), so an
+Per-sample records are appended to ``<out>/<stage>/<model>/<task>/<method>.jsonl`` (fsynced per line), so an
 interrupted run resumes where it stopped. A record is reused only for the same settings (model weights,
 decoding code, options, budget, dtype) *and* the same sample (prompt token ids, reference, data row):
 other data regenerates exactly the samples that differ. A crash on one sample is recorded, not fatal.
 The summary JSON is written atomically.
+
+This module loads a model and runs methods; the rest lives beside it: the record store
+(:mod:`exitbench.records`), prompts, stop rules and sample keys (:mod:`exitbench.prompts`), which stages run
+what (:mod:`exitbench.stage_plan`) and a summary from records (:mod:`exitbench.summaries`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import traceback
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from exitbench.config import Config, TaskEvalConfig, stage_view
+from exitbench.config import Config, stage_view
 from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import StopRule, base_method, build_method, method_class, parse_options
 from exitbench.decoding.base import DecodingMethod
@@ -39,14 +40,26 @@ from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_dra
 from exitbench.identity import method_code_identity, model_identity
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
+from exitbench.prompts import TaskBatch, encode_prompt, load_samples, stop_rule, uses_chat_template
 from exitbench.provenance import provenance
-from exitbench.stats import Interval, mean_interval, ratio_interval, speedup_interval
+from exitbench.records import RecordFile, Shard, merge_shards, stage_dir, stored_records
+from exitbench.stage_plan import (
+    BASELINE,
+    FRAMEWORK_GREEDY,
+    capped_limits,
+    framework_greedy_label,
+    method_stages,
+    needs_prepared_draft,
+    reference_sample_size,
+    sample_limits,
+    stage_labels,
+    timing_sample_size,
+)
 from exitbench.subvocab import write_task_calibration
+from exitbench.summaries import add_framework_speedup, summarize
 from exitbench.tasks.base import require_isolation
-from exitbench.tasks.registry import Sample, Task, TaskSettings, build_task
+from exitbench.tasks.registry import Task, TaskSettings, build_task
 
-FRAMEWORK_GREEDY = "hf_greedy"  # the baseline of methods that run inside transformers (framework "transformers")
-BASELINE = "autoregressive"
 # How records are timed; part of their key, so records timed another way are not mixed in.
 TIMING_PROTOCOL = "methods interleaved per sample, one process, one warm-up each"
 #: on a GPU, the first call of a matrix product of a new shape (a new prompt length) costs far more than the
@@ -121,173 +134,6 @@ def load_context(
     return EvalContext(
         name, model, tokenizer, draft, _model_key(model_dir), model_info, report_path(train_reports, name)
     )
-
-
-def needs_prepared_draft(label: str, options: dict[str, Any] | None) -> bool:
-    """Whether method ``label`` drafts with the prepared ``models/draft`` (``speculative`` without
-    ``draft_layers``; with it, the method copies the evaluated model's own first layers)."""
-    return base_method(label) == "speculative" and not (options or {}).get("draft_layers")
-
-
-def uses_chat_template(cfg: Config, model: str, task: str) -> bool:
-    """Whether ``model``'s prompts of ``task`` go through its chat template (``evaluate.chat_template`` for every
-    model and task, or the tasks ``evaluate.chat_template_models`` names for the model)."""
-    return cfg.evaluate.chat_template or task in cfg.evaluate.chat_template_models.get(model, [])
-
-
-def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool) -> list[int]:
-    """Prompt text -> token ids (a chat template only when params ask for it; BOS as the tokenizer adds)."""
-    if chat_template:
-        messages = [{"role": "user", "content": prompt}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
-
-
-def stop_rule(tokenizer: Any, task: Task) -> StopRule:
-    eos = tokenizer.eos_token_id
-    eos_ids = frozenset(eos if isinstance(eos, list) else [eos]) if eos is not None else frozenset()
-    return StopRule(eos_ids, task.stop_strings, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-
-
-def load_samples(task: Task, data_dir: Path, num_samples: int) -> list[Sample]:
-    def rows(split: str) -> list[dict[str, Any]]:
-        path = data_dir / task.name / f"{split}.jsonl"
-        if not path.exists():
-            raise ExitbenchError(
-                f"evaluate: {path} not found; run `dvc repro prepare_data` (is '{task.name}' in data.tasks?)"
-            )
-        return list(read_jsonl(path))
-
-    task.set_context({split: rows(split) for split in task.context_splits})
-    return task.samples(rows(task.split), num_samples)
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token (the shorter length if one is a prefix), None if equal."""
-    if list(a) == list(b):
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-
-
-def sample_key(sample: Sample, prompt_ids: Sequence[int]) -> str:
-    """sha256 of everything a stored record of ``sample`` was made from and scored against: the exact prompt
-    token ids, the sample's id, its reference and its whole data row (HumanEval's tests live there)."""
-    payload = {"id": sample.sample_id, "prompt_ids": list(prompt_ids), "reference": sample.reference, "row": sample.row}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """This process's slice of every sample list when evaluation runs under ``torchrun`` (one process per GPU):
-    sample ``i`` belongs to rank ``i % world``. Each rank times every method beside greedy on its own samples,
-    interleaved per sample as in one process, so each per-sample speed-up stays a same-process ratio."""
-
-    rank: int = 0
-    world: int = 1
-    barrier: Callable[[], None] = field(default=lambda: None, compare=False)
-
-    def owns(self, index: int) -> bool:
-        return index % self.world == self.rank
-
-    def records_path(self, path: Path, rank: int | None = None) -> Path:
-        """Where a rank keeps its records until rank 0 merges them (the whole file when not sharded)."""
-        if self.world == 1:
-            return path
-        return path.with_name(f"{path.stem}.rank{self.rank if rank is None else rank}-of-{self.world}{path.suffix}")
-
-
-def merge_shards(shard: Shard, path: Path, key: str) -> RecordFile:
-    """Rank 0, after the barrier: every rank's records of ``path`` joined into ``path`` (the part files go)."""
-    merged = RecordFile(path, key)
-    parts = [shard.records_path(path, rank) for rank in range(shard.world)]
-    for part in parts:
-        if part.exists():
-            merged.stored.update(RecordFile(part, key).stored)
-    merged._rewrite()
-    for part in parts:
-        part.unlink(missing_ok=True)
-    return merged
-
-
-class RecordFile:
-    """Append-only per-sample records, each valid only for one settings key and one sample; resumable.
-
-    A record is stored under ``record_key = sha256(settings key, sample key)``: the settings (weights, code,
-    method options, budget, dtype, ...) and the sample (prompt token ids, reference, data row). A record is
-    reused only when both match, so a new mirror, a new sampling seed or a mended row regenerates exactly
-    the samples that changed, whatever their index. Records of other settings stay in the file, so
-    switching a method's options back reuses them. A torn last line (a kill mid-write) is dropped.
-    """
-
-    VERSION = 2  # records of earlier layouts (keyed by index) are never reused
-
-    def __init__(self, path: Path, key: str, writable: bool = True) -> None:
-        self.path = path
-        self.key = key
-        self.stored: dict[str, dict[str, Any]] = {}
-        self.made = 0
-        self.writable = writable  # False: another stage's records, read and never rewritten
-        if path.exists():
-            for line in path.read_text().splitlines():
-                record = _parse(line)
-                if record is not None and record.get("layout") == self.VERSION and "record_key" in record:
-                    self.stored[record["record_key"]] = record
-        if writable:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._rewrite()
-
-    def record_key(self, sample_key: str) -> str:
-        return hashlib.sha256(f"{self.key}/{sample_key}".encode()).hexdigest()[:32]
-
-    def get(self, sample_key: str) -> dict[str, Any] | None:
-        """The stored record of this sample under this file's settings, or None."""
-        return self.stored.get(self.record_key(sample_key))
-
-    def _rewrite(self) -> None:
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        with tmp.open("w") as handle:
-            for record in self.stored.values():
-                handle.write(json.dumps(record) + "\n")
-        os.replace(tmp, self.path)
-
-    def append(self, record: dict[str, Any], sample_key: str) -> dict[str, Any]:
-        """Store ``record`` for ``sample_key`` (fsynced before returning) and return it as stored."""
-        if not self.writable:
-            raise RuntimeError(f"{self.path}: opened read-only (another stage's records)")
-        record = {**record, "layout": self.VERSION, "settings_key": self.key, "sample_key": sample_key,
-                  "record_key": self.record_key(sample_key)}
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        self.stored[record["record_key"]] = record
-        self.made += 1
-        return record
-
-
-def _parse(line: str) -> dict[str, Any] | None:
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-@dataclass
-class TaskBatch:
-    """One task's samples on one model, encoded once and shared by every method."""
-
-    task: Task
-    samples: list[Sample]
-    prompt_ids: list[list[int]]
-    stop: StopRule
-    max_new_tokens: int
-    tokenizer: Any
-
-    @cached_property
-    def sample_keys(self) -> list[str]:
-        """Each sample's :func:`sample_key` (what its stored records must match)."""
-        return [sample_key(s, ids) for s, ids in zip(self.samples, self.prompt_ids, strict=True)]
 
 
 def run_methods(
@@ -403,238 +249,6 @@ def _one_sample(method: DecodingMethod, batch: TaskBatch, index: int) -> dict[st
     return record
 
 
-def sample_limits(methods: Mapping[str, DecodingMethod], num_samples: int, timing_samples: int) -> dict[str, int]:
-    """How many samples (a prefix of the quality sample) each method runs on: greedy and every inexact
-    method the whole quality sample; an exact method, whose outputs equal greedy's by construction, only
-    the first ``timing_samples`` (0 = all), enough to time it and to check that exactness."""
-    timing = min(timing_samples or num_samples, num_samples)
-    return {name: timing if method.exact and name != BASELINE else num_samples for name, method in methods.items()}
-
-
-def sample_info(task: Task, samples: Sequence[Sample]) -> dict[str, Any]:
-    """How the samples run were drawn: seed, strategy, count and count per stratum."""
-    strata = Counter(task.stratum(sample.row) for sample in samples)
-    return {
-        "seed": task.settings.seed,
-        "strategy": task.sample_strategy(),
-        "num_samples": len(samples),
-        "strata": dict(sorted(strata.items())),
-    }
-
-
-def summarize(
-    task: Task,
-    method: DecodingMethod,
-    samples: list[Sample],
-    records: list[dict[str, Any]],
-    greedy: list[dict[str, Any]] | None,
-    *,
-    is_baseline: bool = False,
-) -> dict[str, Any]:
-    """Quality, speed and exactness of one (model, task, method) from its per-sample records.
-
-    ``samples`` is the quality sample and ``greedy`` the baseline's records of it; ``records`` may cover a
-    prefix of it only (an exact method's timing sample): speed-up and mismatches compare it with greedy's
-    records of the same samples. An exact method other than the baseline (``is_baseline``) reports greedy's
-    quality on the whole quality sample (``quality_from`` says so) and its own as ``quality_measured``.
-    """
-    quality_sample, samples = samples, samples[: len(records)]
-    full_greedy, greedy = greedy, greedy[: len(records)] if greedy is not None else None
-    ok = [(s, r) for s, r in zip(samples, records, strict=True) if r.get("error") is None]
-    quality = task.aggregate([s for s, _ in ok], [r["scores"] for _, r in ok])
-    tokens = sum(r["decode"]["num_tokens"] for _, r in ok)
-    seconds = sum(r["decode"]["wall_time_s"] for _, r in ok)
-    drafted = sum(r["decode"]["num_drafted"] for _, r in ok)
-    rounds = sum(r["decode"]["num_rounds"] for _, r in ok)
-    speed = {
-        "time_per_token_ms": 1000.0 * seconds / max(tokens, 1),
-        "num_tokens": tokens,
-        "acceptance_rate": sum(r["decode"]["num_accepted"] for _, r in ok) / drafted if drafted else None,
-        "tokens_per_round": tokens / rounds if rounds else None,
-        "speedup_vs_greedy": None,
-        "ideal_fraction": None,
-    }
-    exit_layers = [layer for _, r in ok for layer in r["decode"].get("exit_layers", [])]
-    if exit_layers:
-        speed["avg_exit_layer"] = sum(exit_layers) / len(exit_layers)
-    correctness: dict[str, Any] = {"exact_claimed": method.exact}
-    if greedy is not None:
-        timed = timed_pairs(records, greedy)
-        m_tokens, m_seconds = sum(m["num_tokens"] for m, _ in timed), sum(m["wall_time_s"] for m, _ in timed)
-        g_tokens, g_seconds = sum(g["num_tokens"] for _, g in timed), sum(g["wall_time_s"] for _, g in timed)
-        if g_tokens and m_tokens:
-            speed["speedup_vs_greedy"] = (g_seconds / g_tokens) / (m_seconds / m_tokens)
-        speed["num_timed"] = len(timed)
-        correctness.update(_compare(records, greedy))
-    summary = {
-        "num_samples": len(samples),
-        "num_failed": len(samples) - len(ok),
-        "quality": quality,
-        "speed": speed,
-        "correctness": correctness,
-        "errors": [r["error"] for r in records if r.get("error")][:5],
-        "sample_ids": [s.sample_id for s in samples],
-        "sample": sample_info(task, samples),
-    }
-    scored = list(zip(samples, records, strict=True))
-    if method.exact and not is_baseline and full_greedy is not None:
-        summary.update(
-            quality=greedy_quality(task, quality_sample, full_greedy),
-            quality_measured=quality,
-            quality_from=f"{BASELINE} (exact method; measured on the timing sample of {len(samples)})",
-            num_quality_samples=len(quality_sample),
-        )
-        scored = list(zip(quality_sample, full_greedy, strict=True))
-    summary["intervals"] = intervals(task, scored, records, greedy)
-    return summary
-
-
-def intervals(
-    task: Task,
-    scored: Sequence[tuple[Sample, dict[str, Any]]],
-    records: Sequence[dict[str, Any]],
-    greedy: Sequence[dict[str, Any]] | None,
-) -> dict[str, dict[str, Any]]:
-    """95% bootstrap intervals (:mod:`exitbench.stats`, resampling samples) of every number a summary reports.
-
-    Quality metrics over ``scored`` (the (sample, record) pairs the reported quality comes from; TOPv2's
-    per-domain exact match as ``per_domain/<domain>``); speed-up paired per sample with greedy's record of
-    the same sample; acceptance = accepted / drafted over samples; mismatch rate over compared samples;
-    ``fraction_of_greedy/<metric>`` = sum of the method's scores / greedy's over the samples both scored
-    (early exit's share of the last layer's quality), pairs resampled together.
-    """
-    seed = task.settings.seed
-    out: dict[str, dict[str, Any]] = {}
-    ok = [(sample, record) for sample, record in scored if record.get("error") is None]
-    metrics = sorted({key for _, record in ok for key, value in record["scores"].items() if _is_number(value)})
-    for metric in metrics:
-        out[metric] = mean_interval([float(r["scores"].get(metric, 0.0)) for _, r in ok], seed).to_dict()
-    if task.primary_metric in metrics and len({task.stratum(sample.row) for sample, _ in ok}) > 1:
-        by_stratum: dict[str, list[float]] = {}
-        for sample, record in ok:
-            by_stratum.setdefault(task.stratum(sample.row), []).append(float(record["scores"][task.primary_metric]))
-        for stratum, values in sorted(by_stratum.items()):
-            out[f"per_domain/{stratum}"] = mean_interval(values, seed).to_dict()
-    mine = [r for r in records if r.get("error") is None]
-    drafted = [(r["decode"]["num_accepted"], r["decode"]["num_drafted"]) for r in mine]
-    if sum(d for _, d in drafted):
-        out["acceptance_rate"] = ratio_interval([a for a, _ in drafted], [d for _, d in drafted], seed).to_dict()
-    if greedy is not None:
-        pairs = [
-            (r, g) for r, g in zip(records, greedy, strict=True) if r.get("error") is None and g.get("error") is None
-        ]
-        if (speedup := paired_speedup(records, greedy, seed)) is not None:
-            out["speedup_vs_greedy"] = speedup.to_dict()
-        if pairs:
-            mismatched = [float(first_divergence(r["tokens"], g["tokens"]) is not None) for r, g in pairs]
-            out["mismatch_rate"] = mean_interval(mismatched, seed).to_dict()
-        for metric in metrics:  # the method's quality as a fraction of greedy's (last layer), paired by sample
-            mine_scores = [float(r["scores"].get(metric, 0.0)) for r, _ in pairs]
-            greedy_scores = [float(g["scores"].get(metric, 0.0)) for _, g in pairs]
-            if pairs and sum(greedy_scores) > 0:
-                out[f"fraction_of_greedy/{metric}"] = ratio_interval(mine_scores, greedy_scores, seed).to_dict()
-    return out
-
-
-def reference_of(record: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any] | None:
-    """The greedy run ``record``'s speed-up is paired with: the one timed in its own round (``reference_decode``,
-    see :func:`run_methods`; None past the timing sample: no pair). A record from before references were
-    recorded per round pairs with greedy's stored record, which was timed in that same round."""
-    if "reference_decode" in record:
-        return record["reference_decode"]
-    return baseline["decode"]
-
-
-def timed_pairs(
-    records: Sequence[dict[str, Any]],
-    baseline: Sequence[dict[str, Any]],
-    reference: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None] = reference_of,
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(method decode, reference decode) per sample both generated without error and with tokens, in order
-    (the shorter list's prefix); ``reference`` picks the reference decode of a (record, baseline record)."""
-    pairs = []
-    for r, b in zip(records, baseline, strict=False):
-        if r.get("error") is not None or b.get("error") is not None:
-            continue
-        ref = reference(r, b)
-        if ref is not None and r["decode"]["num_tokens"] * ref["num_tokens"]:
-            pairs.append((r["decode"], ref))
-    return pairs
-
-
-def paired_speedup(
-    records: Sequence[dict[str, Any]],
-    baseline: Sequence[dict[str, Any]],
-    seed: int,
-    reference: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None] = reference_of,
-) -> Interval | None:
-    """The speed-up over ``baseline`` (time per token ratio) with its interval, prompt by prompt over
-    :func:`timed_pairs`; None when there is none."""
-    timed = timed_pairs(records, baseline, reference)
-    if not timed:
-        return None
-    return speedup_interval(
-        [b["wall_time_s"] for _, b in timed], [b["num_tokens"] for _, b in timed],
-        [m["wall_time_s"] for m, _ in timed], [m["num_tokens"] for m, _ in timed], seed,
-    )
-
-
-def framework_reference_of(record: dict[str, Any], own_greedy: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The transformers greedy run a peer's record is paired with: the one timed in its round
-    (``framework_reference_decode``), else (a record from before those were recorded) ``hf_greedy``'s stored
-    record of the same sample and round, when given."""
-    if "framework_reference_decode" in record:
-        return record["framework_reference_decode"]
-    return None if own_greedy is None else own_greedy["decode"]
-
-
-def add_framework_speedup(
-    summary: dict[str, Any],
-    records: Sequence[dict[str, Any]],
-    own_greedy: Sequence[dict[str, Any] | None],
-    seed: int,
-) -> None:
-    """A peer's speed-up against its own framework's greedy decoding (``hf_greedy``), paired per sample.
-
-    ``speedup_vs_greedy`` compares a transformers peer with exitbench's greedy decoding: what a user of the
-    peer gets, engine and kernels included. ``speedup_vs_framework_greedy`` compares it with transformers'
-    own greedy ``generate()`` on the same prompts: the method's merit inside its framework. ``own_greedy``:
-    ``hf_greedy``'s stored records of the same samples (None where there is none), for older records only.
-    """
-    baseline = [{"error": None} if g is None else g for g in own_greedy]
-    interval = paired_speedup(
-        records, baseline, seed, lambda r, b: framework_reference_of(r, b if "decode" in b else None)
-    )
-    if interval is None:
-        return
-    summary["speed"]["speedup_vs_framework_greedy"] = interval.estimate
-    summary["intervals"]["speedup_vs_framework_greedy"] = interval.to_dict()
-    summary["framework_greedy"] = FRAMEWORK_GREEDY
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def greedy_quality(task: Task, samples: Sequence[Sample], greedy: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The baseline's quality on ``samples`` (its failed samples left out), what an exact method's is."""
-    kept = [(s, g) for s, g in zip(samples, greedy, strict=True) if g.get("error") is None]
-    return task.aggregate([s for s, _ in kept], [g["scores"] for _, g in kept])
-
-
-def _compare(records: list[dict[str, Any]], greedy: list[dict[str, Any]]) -> dict[str, Any]:
-    pairs = [(r, g) for r, g in zip(records, greedy, strict=True) if r.get("error") is None and g.get("error") is None]
-    divergences = [first_divergence(r["tokens"], g["tokens"]) for r, g in pairs]
-    mismatched = [d for d in divergences if d is not None]
-    return {
-        "num_compared": len(pairs),
-        "num_mismatched": len(mismatched),
-        "mismatch_rate": len(mismatched) / len(pairs) if pairs else None,
-        "first_divergence_mean": sum(mismatched) / len(mismatched) if mismatched else None,
-        "first_divergence_min": min(mismatched) if mismatched else None,
-    }
-
-
 def draft_vocab_for(
     cfg: Config, ctx: EvalContext, task: Task, stop: StopRule, data_dir: Path, target_dir: Path
 ) -> Path | None:
@@ -667,8 +281,13 @@ def calibration_for(methods: list[str], ctx: EvalContext, task: Task, data_dir: 
     written = write_task_calibration(task, data_dir, ctx.tokenizer, CALIBRATION_ROWS, target)
     if written is not None or task.name not in CALIBRATION_CORPORA:
         return written
-    return write_corpus_calibration(data_dir / CALIBRATION_CORPORA[task.name] / "train.jsonl", ctx.tokenizer,
-                                    CALIBRATION_ROWS, task.settings.seed, target)
+    return write_corpus_calibration(
+        data_dir / CALIBRATION_CORPORA[task.name] / "train.jsonl",
+        ctx.tokenizer,
+        CALIBRATION_ROWS,
+        task.settings.seed,
+        target,
+    )
 
 
 def write_corpus_calibration(corpus: Path, tokenizer: Any, rows: int, seed: int, target: Path) -> Path | None:
@@ -683,57 +302,8 @@ def write_corpus_calibration(corpus: Path, tokenizer: Any, rows: int, seed: int,
     return atomic_write_text(target, json.dumps(ids) + "\n")
 
 
-def runs_on(cfg: Config, method: str, model: str, task: str) -> bool:
-    """Whether ``method`` runs on (``model``, ``task``): every model and task unless ``evaluate.method_models`` /
-    ``evaluate.method_tasks`` name its own."""
-    ev = cfg.evaluate
-    return model in ev.method_models.get(method, [model]) and task in ev.method_tasks.get(method, [task])
-
-
-def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
-    """How many samples exact methods run on: ``timing_samples`` capped at ``num_samples`` (0 = all), so a
-    profile that shrinks the quality sample (smoke) needs no second override."""
-    return min(task_cfg.timing_samples or task_cfg.num_samples, task_cfg.num_samples)
-
-
-def reference_sample_size(task_cfg: TaskEvalConfig) -> int:
-    """How many samples of the timing sample re-time greedy beside a method (its speed-ups pair over them):
-    ``reference_samples`` capped at the timing sample (0 = all of it)."""
-    timing = timing_sample_size(task_cfg)
-    return min(task_cfg.reference_samples or timing, timing)
-
-
-def capped_limits(limits: Mapping[str, int], method_samples: Mapping[str, int]) -> dict[str, int]:
-    """``limits`` with each label named in ``evaluate.method_samples`` held to at most its own count."""
-    return {label: min(limit, method_samples.get(label, limit)) for label, limit in limits.items()}
-
-
 #: options naming a file evaluate writes beside a stage's results; a record's settings name the file, not its folder
 FILE_OPTIONS = ("draft_vocab_file", "calibration_file")
-
-
-def method_stages(cfg: Config) -> list[str]:
-    """The evaluation stages ``cfg`` runs, one per registered method its ``evaluate.methods`` labels name
-    (``early_exit@8`` and ``early_exit@15`` are both stage ``early_exit``), greedy's first: the reference."""
-    stages = [BASELINE]
-    for label in cfg.evaluate.methods:
-        if base_method(label) not in stages:
-            stages.append(base_method(label))
-    return stages
-
-
-def stage_labels(cfg: Config, stage: str, model: str, task: str) -> list[str]:
-    """The labels stage ``stage`` runs on (``model``, ``task``); the reference stage's begin with greedy."""
-    labels = [
-        label for label in cfg.evaluate.methods
-        if base_method(label) == stage and label != BASELINE and runs_on(cfg, label, model, task)
-    ]
-    return [BASELINE, *labels] if stage == BASELINE else labels
-
-
-def stage_dir(out_dir: Path, stage: str, model: str, task: str) -> Path:
-    """Where stage ``stage`` keeps its records and summaries of (``model``, ``task``): one folder per stage."""
-    return out_dir / stage / model / task
 
 
 def file_option_key(value: str) -> str:
@@ -763,9 +333,7 @@ def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def method_options(
-    cfg: Config, label: str, draft_vocab: Path | None, calibration: Path | None
-) -> dict[str, Any]:
+def method_options(cfg: Config, label: str, draft_vocab: Path | None, calibration: Path | None) -> dict[str, Any]:
     """``evaluate.methods[label]`` with the files evaluate prepared for the options that take them."""
     options = dict(cfg.evaluate.methods.get(label, {}))
     fields = method_class(label).Options.model_fields
@@ -774,15 +342,6 @@ def method_options(
     if calibration is not None and "calibration_file" in fields:
         options = {"calibration_file": str(calibration), **options}
     return options
-
-
-def framework_greedy_label(cfg: Config, model: str, task: str) -> str | None:
-    """The ``hf_greedy`` label that runs on (``model``, ``task``), the transformers peers' own reference."""
-    return next(
-        (label for label in cfg.evaluate.methods
-         if base_method(label) == FRAMEWORK_GREEDY and runs_on(cfg, label, model, task)),
-        None,
-    )
 
 
 def evaluate_model_task(
@@ -858,8 +417,10 @@ def evaluate_stage(
         shard.barrier()
         if shard.rank != 0:
             return {}
-        runs = {label: (method, merge_shards(shard, target / f"{label}.jsonl", records.key))
-                for label, (method, records) in runs.items()}
+        runs = {
+            label: (method, merge_shards(shard, target / f"{label}.jsonl", records.key))
+            for label, (method, records) in runs.items()
+        }
     done = run_methods(runs, batch, f"{stage} {ctx.name}/{task_name}", limits, **run_args)
     if stage == BASELINE:
         greedy_records = done[BASELINE]
@@ -888,23 +449,6 @@ def evaluate_stage(
     return summaries
 
 
-def stored_records(
-    out_dir: Path, stage: str, label: str, model: str, batch: TaskBatch, key: str, required: bool
-) -> list[dict[str, Any] | None]:
-    """Another stage's stored records of ``batch``'s samples (read only), in sample order, None where missing;
-    ``required``: every sample must have one (greedy's, which every method stage compares with)."""
-    path = stage_dir(out_dir, stage, model, batch.task.name) / f"{label}.jsonl"
-    records = RecordFile(path, key, writable=False)
-    found = [records.get(sample_key) for sample_key in batch.sample_keys]
-    missing = sum(record is None for record in found)
-    if required and missing:
-        raise ExitbenchError(
-            f"evaluate: {path} lacks {label}'s records of {missing} of {len(found)} samples under these settings; "
-            f"run `dvc repro evaluate@{stage}` first (every method stage compares with them)"
-        )
-    return [None if record is None else {**record, "index": i} for i, record in enumerate(found)]
-
-
 def evaluate_all(
     cfg: Config,
     models_dir: Path,
@@ -921,7 +465,9 @@ def evaluate_all(
     require_isolation(list(cfg.evaluate.tasks))
     stages = method_stages(cfg) if stages is None else list(stages)
     wanted = [
-        (model, task) for model in cfg.evaluate.models for task in cfg.evaluate.tasks
+        (model, task)
+        for model in cfg.evaluate.models
+        for task in cfg.evaluate.tasks
         if any(stage_labels(cfg, stage, model, task) for stage in stages)
     ]
     rows = []
@@ -936,31 +482,3 @@ def evaluate_all(
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return rows
-
-
-def stage_methods_used(cfg: Config, stage: str) -> list[str]:
-    """The labels stage ``stage`` builds: its own, greedy (the reference) and, for transformers peers, hf_greedy."""
-    own = [label for label in cfg.evaluate.methods if base_method(label) == stage]
-    used = [BASELINE, *own]
-    if any(method_class(label).framework != "exitbench" for label in own):
-        used += [label for label in cfg.evaluate.methods if base_method(label) == FRAMEWORK_GREEDY]
-    return list(dict.fromkeys(used))
-
-
-def stage_config_view(cfg: Config, stage: str) -> dict[str, Any]:
-    """Stage ``evaluate@<stage>``'s resolved config: the evaluate view with ``methods``, ``method_models``,
-    ``method_tasks`` and ``method_samples`` narrowed to the labels it builds, so another method's settings never
-    re-run it."""
-    view = stage_view(cfg, "evaluate")
-    used = set(stage_methods_used(cfg, stage))
-    section = view["evaluate"]
-    for key in ("methods", "method_models", "method_tasks", "method_samples"):
-        section[key] = {label: value for label, value in section[key].items() if label in used}
-    return view
-
-
-def stage_code_view(cfg: Config, stage: str) -> dict[str, Any]:
-    """The code identity of every method stage ``stage`` builds (its module and what it imports of exitbench,
-    :func:`~exitbench.identity.method_code_identity`): its DVC dependency on exactly that code."""
-    used = stage_methods_used(cfg, stage) if stage in method_stages(cfg) else [stage]
-    return {base_method(label): method_code_identity(method_class(label)) for label in used}

@@ -38,9 +38,9 @@ from exitbench.config import Config, stage_view
 from exitbench.data.io import atomic_write_json, atomic_write_text
 from exitbench.decoding import StopRule, method_class
 from exitbench.errors import ExitbenchError
-from exitbench.evaluation import encode_prompt, load_samples, sample_info, stop_rule
 from exitbench.exit_vocab import model_exit_vocabulary, write_draft_vocab
 from exitbench.models.load import load_early_exit_model, load_tokenizer
+from exitbench.prompts import encode_prompt, load_samples, sample_info, stop_rule
 from exitbench.provenance import provenance
 from exitbench.stats import Interval, ratio_interval, speedup_interval
 from exitbench.tasks.registry import TaskSettings, build_task

@@ -27,7 +27,6 @@ from exitbench.cli import run_stage
 from exitbench.data.io import atomic_write_text
 from exitbench.decoding import REGISTRY, MethodOptions, method_class, parse_options
 from exitbench.errors import ExitbenchError
-from exitbench.evaluation import method_stages, stage_code_view, stage_config_view
 from exitbench.models.sources import check_hub_access, sha256_file
 from exitbench.plan import (
     build_plan,
@@ -37,6 +36,7 @@ from exitbench.plan import (
     render_plan,
     require_cuda,
 )
+from exitbench.stage_plan import method_stages, stage_code_view, stage_config_view
 from exitbench.tasks.registry import TASKS
 
 

@@ -23,7 +23,9 @@ from exitbench.config import EvaluateConfig, check_exit_layers, load_stage
 from exitbench.data.io import atomic_write_json
 from exitbench.decoding import parse_options
 from exitbench.errors import ExitbenchError
-from exitbench.evaluation import Shard, evaluate_all, method_stages
+from exitbench.evaluation import evaluate_all
+from exitbench.records import Shard
+from exitbench.stage_plan import method_stages
 
 
 def check_method_exit_layers(evaluate: EvaluateConfig, models_dir: Path) -> None:

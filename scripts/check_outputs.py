@@ -10,8 +10,8 @@ from pathlib import Path
 
 from exitbench import config
 from exitbench.decoding import base_method, method_class
-from exitbench.evaluation import FRAMEWORK_GREEDY, runs_on
 from exitbench.report.results import EVAL_INPUT_FILES
+from exitbench.stage_plan import FRAMEWORK_GREEDY, runs_on
 
 
 def expected_files(cfg: config.Config) -> list[Path]:

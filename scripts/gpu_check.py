@@ -61,9 +61,9 @@ from exitbench.cost_model import predict_speedup  # noqa: E402
 from exitbench.data.io import atomic_write_json  # noqa: E402
 from exitbench.decoding import REGISTRY, DecodeResult, DecodingMethod, StopRule, build_method  # noqa: E402
 from exitbench.errors import ExitbenchError  # noqa: E402
-from exitbench.evaluation import first_divergence  # noqa: E402
 from exitbench.models.tiny import random_llama  # noqa: E402
 from exitbench.models.view import EarlyExitModel  # noqa: E402
+from exitbench.prompts import first_divergence  # noqa: E402
 from exitbench.provenance import provenance  # noqa: E402
 
 BASELINE = "autoregressive"

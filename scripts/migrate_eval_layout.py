@@ -25,8 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from exitbench import evaluation
 from exitbench.config import load_stage
 from exitbench.decoding import base_method
-from exitbench.evaluation import EvalContext, RecordFile, settings_key, uses_chat_template
+from exitbench.evaluation import EvalContext, settings_key
 from exitbench.identity import model_identity
+from exitbench.prompts import uses_chat_template
+from exitbench.records import RecordFile
 from exitbench.tasks.registry import TaskSettings, build_task
 
 INPUTS = ("draft_vocab.json", "calibration.json")

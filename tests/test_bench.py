@@ -18,6 +18,7 @@ from exitbench.bench import (
     CONTROL_TAG,
     SweepEntry,
     build_entry,
+    interleaved_times,
     interval_fields,
     measure_step_costs,
     measure_verify_scaling,
@@ -153,6 +154,15 @@ def test_interval_fields_pair_prompts_and_sum_repeats():
     assert no_drafts["acceptance_rate"] is None and no_drafts["acceptance_rate_n"] is None
 
 
+def test_interleaved_times_keep_each_round_and_drop_the_warm_ups():
+    """One time per round and entry, warm-ups left out; rounds alternate forward and reverse order."""
+    calls: list[str] = []
+    times = interleaved_times({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, iters=3, warmup=1)
+    assert {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3}
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then forward, reverse, forward
+    assert all(value >= 0 for values in times.values() for value in values)
+
+
 def test_pass_speedups_are_one_per_timing_pass():
     """Each pass's speed-up uses that pass's prompts only: a slow second pass shows in the spread."""
     greedy = [[_result(1.0, 10), _result(2.0, 10)], [_result(1.0, 10), _result(2.0, 10)]]
@@ -202,6 +212,9 @@ def test_step_costs_are_positive_ratios(tiny_model):
     costs = measure_step_costs(tiny_model, prompts()[0], exit_layer=1, num_speculations=2, iters=2)
     assert costs.full_step_s > 0 and costs.c_draft > 0 and costs.c_verify > 0
     assert costs.c_tail > 0  # the last draft's layers 0..E-1, which a verification from the exit starts after
+    for name in ("c_draft", "c_tail", "c_verify"):  # each cost's interval over its timing rounds holds its median
+        low, high = costs.bounds[name]
+        assert 0 < low <= getattr(costs, name) <= high
     full = measure_step_costs(tiny_model, prompts()[0], 1, 2, verify_from_exit=False, iters=2)
     assert full.c_verify > 0 and full.c_tail == 0.0
 

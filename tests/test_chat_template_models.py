@@ -9,7 +9,8 @@ from exitbench import config
 from exitbench.data.prepare import prepare_data
 from exitbench.decoding import REGISTRY, parse_options
 from exitbench.errors import ExitbenchError
-from exitbench.evaluation import EvalContext, evaluate_model_task, uses_chat_template
+from exitbench.evaluation import EvalContext, evaluate_model_task
+from exitbench.prompts import uses_chat_template
 from exitbench.tasks.registry import TASKS
 from tests.test_second_mirror import DOMAINS, CharTokenizer, generated, write_mirror  # noqa: F401
 

@@ -26,6 +26,7 @@ from exitbench.report.check import (
 from exitbench.report.claims import (
     claim_band,
     clopper_pearson,
+    hoeffding,
     interpolate,
     interval_verdict,
     run_claims,
@@ -93,6 +94,19 @@ def test_clopper_pearson_zero_of_n_is_about_rule_of_three() -> None:
     assert interval.low == 0 and interval.estimate == 0
     assert 3 / 100 < interval.high < 3.7 / 100 + 1e-3  # two-sided 95%: 1 - 0.025^(1/n)
     assert clopper_pearson(10, 50).low > 0.05
+
+
+def test_clopper_pearson_and_hoeffding_match_reference_values() -> None:
+    """Closed forms and published values, not the library's own output: k = 0 and k = n have the closed ends
+    1 - (alpha/2)^(1/n) and (alpha/2)^(1/n); 5 of 10 is [0.1871, 0.8129] (Clopper and Pearson 1934's table,
+    Agresti and Coull 1998); Hoeffding's half-width at n = 100 is sqrt(ln 40 / 200) = 0.13581."""
+    assert clopper_pearson(0, 10).high == pytest.approx(1 - 0.025 ** (1 / 10), abs=1e-9)  # 0.30850
+    assert clopper_pearson(20, 20).low == pytest.approx(0.025 ** (1 / 20), abs=1e-9)  # 0.83157
+    half = clopper_pearson(5, 10)
+    assert (half.low, half.high) == (pytest.approx(0.18709, abs=5e-5), pytest.approx(0.81291, abs=5e-5))
+    bound = hoeffding(0.5, 100)
+    assert bound.half_width == pytest.approx(0.13581, abs=5e-6)
+    assert hoeffding(0.05, 100).low == 0.0  # clipped to [0, 1]
 
 
 # ------------------------------------------------------------------------------------------ paper curve
@@ -365,6 +379,25 @@ def test_sweep_bound_carries_the_sweeps_speed_up_and_acceptance_intervals(fake_r
     assert sweep.ours.low == pytest.approx(predicted * 0.8 / at[0.55])
     assert sweep.ours.high == pytest.approx(predicted * 1.1 / at[0.45])
     assert sweep.verdict == INCONCLUSIVE
+
+
+def test_sweep_bound_widens_by_the_step_costs_own_timing_noise(fake_results: Path) -> None:
+    """With the costs' intervals recorded, the prediction's ends take the cheapest and dearest costs too: the
+    ratio interval is wider than with the point costs alone, and its point is unchanged."""
+    row = _sweep_row(0.9, 8)
+    predicted = row["speedup_vs_greedy"] / 0.9
+    row.update(speedup_vs_greedy_low=predicted * 0.8, speedup_vs_greedy_high=predicted * 1.1, speedup_vs_greedy_n=16,
+               acceptance_rate_low=0.45, acceptance_rate_high=0.55, acceptance_rate_n=16,
+               c_draft_low=0.35, c_draft_high=0.45, c_verify_low=0.6, c_verify_high=0.8)
+    (fake_results / "bench" / "sweep.json").write_text(json.dumps({"rows": [row], "provenance": PROVENANCE}))
+    sweep = {v.subject: v for v in _by_claim(fake_results)["ls-claim-spec-bound-ours"]}[
+        "layerskip, self_speculative (sweep)"]
+    best = predict_speedup(0.55, 2, 0.35, 0.6)["predicted_speedup"]
+    worst = predict_speedup(0.45, 2, 0.45, 0.8)["predicted_speedup"]
+    assert sweep.ours.estimate == pytest.approx(0.9)
+    assert sweep.ours.low == pytest.approx(predicted * 0.8 / best)
+    assert sweep.ours.high == pytest.approx(predicted * 1.1 / worst)
+    assert "step costs' intervals" in sweep.ours.method
 
 
 def test_a_speed_up_timed_on_too_few_prompts_is_shown_and_not_judged(fake_results: Path, tmp_path: Path) -> None:

@@ -36,6 +36,19 @@ def module_file(name: str) -> Path | None:
     return None
 
 
+def runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` except those under ``if TYPE_CHECKING:`` (imports for annotations only never run)."""
+    nodes, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
 def imported_files(path: Path) -> set[Path]:
     """``exitbench`` files ``path`` imports, directly or through other ``exitbench`` modules."""
     seen: set[Path] = set()
@@ -43,7 +56,7 @@ def imported_files(path: Path) -> set[Path]:
     while todo:
         tree = ast.parse(todo.pop().read_text())
         names: list[str] = []
-        for node in ast.walk(tree):
+        for node in runtime_nodes(tree):
             if isinstance(node, ast.Import):
                 names += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from exitbench.decoding import StopRule, build_method
-from exitbench.evaluation import RecordFile, TaskBatch, first_divergence, run_method, run_methods, summarize
+from exitbench.evaluation import run_method, run_methods
+from exitbench.prompts import TaskBatch, first_divergence
+from exitbench.records import RecordFile
+from exitbench.summaries import summarize
 from exitbench.tasks.base import Sample, Task
 
 

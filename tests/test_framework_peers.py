@@ -9,8 +9,9 @@ import torch
 from exitbench.config import resolve
 from exitbench.decoding import build_method
 from exitbench.errors import ExitbenchError
-from exitbench.evaluation import EvalContext, evaluate_model_task, runs_on
+from exitbench.evaluation import EvalContext, evaluate_model_task
 from exitbench.models.view import project
+from exitbench.stage_plan import runs_on
 from tests.test_second_mirror import CharTokenizer, prepared
 
 PROMPTS = [[5, 9, 14, 3, 9, 14], [7, 7, 21, 40, 2, 19, 33, 8]]

@@ -4,7 +4,9 @@ the first call of a new matrix shape is slow there and would otherwise fall on g
 from __future__ import annotations
 
 from exitbench.decoding.base import DecodeResult, StopRule
-from exitbench.evaluation import TIMING_PROTOCOL, RecordFile, TaskBatch, run_methods, timing_protocol
+from exitbench.evaluation import TIMING_PROTOCOL, run_methods, timing_protocol
+from exitbench.prompts import TaskBatch
+from exitbench.records import RecordFile
 from exitbench.tasks.registry import build_task
 
 

@@ -10,7 +10,14 @@ from exitbench.config import resolve
 from exitbench.decoding import base_method, parse_options
 from exitbench.errors import ExitbenchError
 from exitbench.evaluation import EvalContext, evaluate_model_task
-from exitbench.stats import Interval, mean_interval, ratio_interval, required_samples, speedup_interval
+from exitbench.stats import (
+    Interval,
+    mean_interval,
+    median_interval,
+    ratio_interval,
+    required_samples,
+    speedup_interval,
+)
 from tests.test_second_mirror import CharTokenizer, prepared
 
 
@@ -85,7 +92,7 @@ def test_every_summary_carries_intervals_and_labels(tiny_model, tmp_path):
 
 
 def test_early_exit_quality_as_a_paired_fraction_of_greedy():
-    from exitbench.evaluation import intervals
+    from exitbench.summaries import intervals
     from exitbench.tasks.base import Sample
     from exitbench.tasks.registry import build_task
 
@@ -110,3 +117,17 @@ def test_paired_interval_of_any_statistic():
     assert gap.low < gap.estimate < gap.high and gap.contains(0.3) and not gap.contains(0.0)
     with pytest.raises(ValueError, match="equally long"):
         paired_interval([a, b[:-1]], lambda x, y, axis=-1: x.mean(axis=axis))
+
+
+def test_median_interval_takes_the_textbook_order_statistics():
+    """Distribution-free interval of a median: n = 20 at 95% is [x(6), x(15)] (coverage 0.9586, Conover's table);
+    n = 7 is [min, max] (1 - 2/128); below 6 values [min, max] at its own, lower, confidence (n = 5: 0.9375)."""
+    twenty = median_interval(list(range(20, 0, -1)))  # order does not matter
+    assert (twenty.low, twenty.high, twenty.estimate) == (6.0, 15.0, 10.5)
+    assert twenty.confidence == pytest.approx(0.958611, abs=1e-6) and twenty.n == 20
+    seven = median_interval([3.0, 1.0, 2.0, 7.0, 5.0, 4.0, 6.0])
+    assert (seven.low, seven.estimate, seven.high) == (1.0, 4.0, 7.0)
+    assert seven.confidence == pytest.approx(1 - 2 / 128)
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]).confidence == pytest.approx(0.9375)
+    with pytest.raises(ValueError):
+        median_interval([])

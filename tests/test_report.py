@@ -820,3 +820,18 @@ def test_eval_table_prints_the_a_a_control_and_its_noise_floor(results_copy: Pat
         "A/A control (`autoregressive@aa`: greedy timed against greedy like a method): 1.01x [0.98, 1.04] (n=32) "
         "(contains 1.00x); noise floor ±0.030x." in eval_part(readme, "topv2")
     )
+
+
+def test_a_summary_states_its_primary_metric_and_an_older_one_gets_one_line(tmp_path: Path) -> None:
+    """Schema 2 files name their task's primary metric (the table's first quality column follows it); files of
+    schema 1 are counted in one line and read with the tasks' own primary metrics."""
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURES, results)
+    for path in (results / "eval").glob("*/*/cnndm/*.json"):
+        _edit(path, lambda d: d.update(schema_version=2, primary_metric="rouge1", framework="exitbench"))
+    readme = render_readme(load_results(results), PAPERS, "cpu", [], tmp_path)
+    assert "| method | options | rouge1 | rouge2 | rougeL |" in eval_part(readme, "cnndm")
+    assert "| method | options | exact_match |" in eval_part(readme, "topv2")  # schema 1: the task's own
+    total = len(load_results(results).evals)
+    older = total - len(list((results / "eval").glob("*/*/cnndm/*.json")))
+    assert f"_{older} of {total} result files are of summary schema 1" in readme

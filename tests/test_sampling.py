@@ -15,7 +15,8 @@ import pytest
 
 from exitbench.config import TaskEvalConfig, resolve
 from exitbench.errors import ExitbenchError
-from exitbench.evaluation import EvalContext, evaluate_model_task, timing_sample_size
+from exitbench.evaluation import EvalContext, evaluate_model_task
+from exitbench.stage_plan import timing_sample_size
 from exitbench.subvocab import write_task_draft_vocab
 from exitbench.tasks import humaneval as humaneval_module
 from exitbench.tasks.humaneval import parses
@@ -245,7 +246,10 @@ def test_exact_methods_run_on_the_timing_prefix_and_summaries_record_the_sample(
     assert spec["sample_ids"] == greedy["sample_ids"][:2] and spec["num_samples"] == 2
     assert spec["sample"]["num_samples"] == 2
     assert spec["quality"] == greedy["quality"]
-    assert spec["quality_from"] == "autoregressive (exact method; measured on the timing sample of 2)"
+    assert spec["quality_from"]["method"] == "autoregressive" and spec["quality_from"]["n"] == 6
+    assert "timing sample of 2" in spec["quality_from"]["why"]
+    assert all(s["schema_version"] == 2 and s["primary_metric"] == "exact_match" for s in (greedy, early, spec))
+    assert spec["framework"] == "exitbench"
     assert "quality_measured" in spec and "quality_from" not in early and "quality_from" not in greedy
     assert spec["correctness"]["num_compared"] == 2 and spec["correctness"]["num_mismatched"] == 0
     written_path = tmp_path / "eval" / "self_speculative" / "tiny" / "topv2" / "self_speculative.json"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from exitbench.config import DataConfig, resolve
 from exitbench.data.prepare import prepare_data
-from exitbench.evaluation import EvalContext, Shard, evaluate_model_task
+from exitbench.evaluation import EvalContext, evaluate_model_task
+from exitbench.records import Shard
 from tests.test_second_mirror import DOMAINS, CharTokenizer, comparable, write_mirror
 
 METHODS = {"autoregressive": {}, "self_speculative": {"exit_layer": 2, "num_speculations": 2},

@@ -76,8 +76,9 @@ def test_draft_layers_outside_the_model_is_one_line_naming_the_option(tiny_model
 def test_evaluate_summary_and_report_carry_the_drafts_memory(tiny_model, tmp_path):
     from exitbench.config import DataConfig, resolve
     from exitbench.data.prepare import prepare_data
-    from exitbench.evaluation import EvalContext, evaluate_model_task, needs_prepared_draft
+    from exitbench.evaluation import EvalContext, evaluate_model_task
     from exitbench.report.results import memory_text
+    from exitbench.stage_plan import needs_prepared_draft
     from tests.test_second_mirror import DOMAINS, CharTokenizer, write_mirror
 
     data = tmp_path / "data"

@@ -14,7 +14,8 @@ import pytest
 
 from exitbench import evaluation
 from exitbench.config import resolve
-from exitbench.evaluation import EvalContext, RecordFile, evaluate_model_task
+from exitbench.evaluation import EvalContext, evaluate_model_task
+from exitbench.records import RecordFile
 
 
 class CharTokenizer:

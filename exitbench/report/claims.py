@@ -21,7 +21,6 @@ the point estimate alone, said in the note. Mismatch counts get a Clopper-Pearso
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import numpy as np
 from scipy.stats import binomtest
 
 from exitbench.cost_model import SUBVOCAB_TAG, predict_speedup
+from exitbench.records import read_records
 from exitbench.replications import Claim, Paper, Row, claim_paper_values, paper_measure_order
 from exitbench.report.check import (
     INCONCLUSIVE,
@@ -47,6 +47,7 @@ from exitbench.report.check import (
 )
 from exitbench.report.results import (
     MIN_SPEED_PROMPTS,
+    CostSet,
     EvalResult,
     Results,
     SweepRow,
@@ -156,17 +157,8 @@ class Records:
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line (a kill mid-write)
-            continue
-        if isinstance(record, dict) and "sample_id" in record:
-            records.append(record)
-    return records
+    """The store's records of samples (evaluate's own reader, :func:`exitbench.records.read_records`)."""
+    return [record for record in read_records(path) if "sample_id" in record]
 
 
 def _mean_score(records: dict[str, dict[str, Any]], metric: str) -> float | None:
@@ -650,11 +642,24 @@ def _predicted(acceptance: float, d: int, c_draft: float, c_verify: float, c_tai
 
 
 def _bound_interval(
-    speed: Interval, acc: Interval, d: int, c_draft: float, c_verify: float, method: str, c_tail: float = 0.0
+    speed: Interval,
+    acc: Interval,
+    d: int,
+    c_draft: float,
+    c_verify: float,
+    method: str,
+    c_tail: float = 0.0,
+    cost_bounds: tuple[CostSet, CostSet] | None = None,
 ) -> Interval:
-    """measured / predicted speed-up: the speed-up's interval over the prediction at the acceptance interval's
-    ends (the prediction rises with acceptance, so the low end divides by the high prediction)."""
-    low, mid, high = (_predicted(x, d, c_draft, c_verify, c_tail) for x in (acc.low, acc.estimate, acc.high))
+    """measured / predicted speed-up: the speed-up's interval over the prediction at the ends of the acceptance's
+    and, when recorded, the step costs' intervals (the prediction rises with acceptance and falls with each cost,
+    so the low end divides by the prediction at the highest acceptance and the lowest costs)."""
+    mid = _predicted(acc.estimate, d, c_draft, c_verify, c_tail)
+    cheap, dear = cost_bounds or (CostSet(c_draft, c_verify, c_tail),) * 2
+    high = _predicted(acc.high, d, *cheap)
+    low = _predicted(acc.low, d, *dear)
+    if cost_bounds is not None:
+        method += "; and the step costs' intervals over their timing rounds"
     return Interval(speed.estimate / mid, speed.low / high, speed.high / low, speed.n, method=method)
 
 
@@ -676,7 +681,8 @@ def _sweep_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[t
             out.append((point(ratio, r.num_prompts, "point (the sweep records no interval)"), band, label))
             continue
         out.append((_bound_interval(speed, acc, d, c_draft, c_verify, "the sweep's speed-up interval over the "
-                                    "prediction at its acceptance interval's ends", c_tail), band, label))
+                                    "prediction at its acceptance interval's ends", c_tail, r.cost_bounds()),
+                    band, label))
     return out
 
 
@@ -702,7 +708,8 @@ def _eval_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[tu
             continue
         c_draft, c_verify, c_tail = cost.c_draft or 1.0, cost.c_verify or 1.0, cost.c_tail or 0.0
         interval = _bound_interval(speed.interval, acc.interval, d, c_draft, c_verify,
-                                   "speed-up interval over the prediction at the acceptance interval's ends", c_tail)
+                                   "speed-up interval over the prediction at the acceptance interval's ends", c_tail,
+                                   cost.cost_bounds())
         predicted = _predicted(acc.interval.estimate, d, c_draft, c_verify, c_tail)
         out.append((interval, band, f"{result.task} E={e} d={d}: measured {speed.interval.estimate:.3g}x, "
                                     f"predicted {predicted:.3g}x (costs of the sweep)"))

@@ -23,7 +23,6 @@ from matplotlib.transforms import Bbox
 from exitbench.replications import Paper, Row
 from exitbench.report.results import EvalResult, Provenance, Results, SweepRow
 from exitbench.report.tables import (
-    PRIMARY_METRIC,
     Estimate,
     estimate_columns,
     method_key,
@@ -203,7 +202,7 @@ def x_metric(task: str, results: list[EvalResult], papers: tuple[Paper, ...]) ->
                 for metric in row.reported.quality:
                     if metric in counts:
                         counts[metric] += 1
-    primary = PRIMARY_METRIC.get(task)
+    primary = next((r.primary for r in results if r.primary), None)
     if counts and max(counts.values()) > 0:
         return max(sorted(counts), key=lambda m: (counts[m], m == primary))
     return primary if primary in ours else (sorted(ours)[0] if ours else None)

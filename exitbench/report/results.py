@@ -13,11 +13,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exitbench.errors import ExitbenchError
+from exitbench.records import stage_dir
 from exitbench.replications import pydantic_error_line
 from exitbench.stats import Interval
 
@@ -95,6 +96,10 @@ def memory_text(memory: dict[str, Any]) -> str:
     return text
 
 
+#: the tasks' primary metrics, for summaries of schema 1 only (which did not state theirs)
+SCHEMA_1_PRIMARY_METRIC = {"cnndm": "rouge2", "humaneval": "pass@1", "mbpp": "pass@1", "topv2": "exact_match"}
+
+
 class EvalResult(_Lenient):
     """``results/eval/<method stage>/<model>/<task>/<label>.json``."""
 
@@ -102,6 +107,9 @@ class EvalResult(_Lenient):
     method: str
     model: str
     options: dict[str, Any] = {}
+    schema_version: int = Field(1, ge=1, description="exitbench.summaries.SUMMARY_SCHEMA of the file (absent: 1)")
+    primary_metric: str | None = Field(None, description="the task's primary quality metric (schema 2)")
+    framework: str | None = Field(None, description="whose generate() ran: exitbench or transformers (schema 2)")
     num_samples: int = Field(ge=0)
     num_failed: int = Field(0, ge=0)
     quality: dict[str, float | dict[str, float] | None]
@@ -143,6 +151,11 @@ class EvalResult(_Lenient):
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
+    def primary(self) -> str | None:
+        """The task's primary quality metric: stated by the file (schema 2), else the tasks' own of schema 1."""
+        return self.primary_metric or SCHEMA_1_PRIMARY_METRIC.get(self.task)
+
+    @property
     def quality_source(self) -> str | None:
         """The method whose quality this result reports: ``quality_from``'s first word (evaluate writes e.g.
         ``"autoregressive (exact method; measured on the timing sample of 4)"``), or its ``method`` key."""
@@ -161,6 +174,14 @@ class EvalResult(_Lenient):
     def scalar_quality(self) -> dict[str, float]:
         """The quality metrics that are single numbers (``per_domain`` and nulls left out)."""
         return {k: v for k, v in self.quality.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+class CostSet(NamedTuple):
+    """One set of step costs relative to a greedy step, in the order the cost model takes them."""
+
+    c_draft: float
+    c_verify: float
+    c_tail: float
 
 
 class SweepRow(_Lenient):
@@ -193,6 +214,23 @@ class SweepRow(_Lenient):
     roofline_ms_per_token: float | None = Field(None, gt=0)
     roofline_fraction: float | None = Field(None, gt=0)
     speedup_passes: tuple[float, ...] | None = None  # one speed-up per timing pass (absent before passes)
+    # each step cost's interval over its timing rounds (absent from sweeps written before it was measured)
+    c_draft_low: float | None = Field(None, gt=0)
+    c_draft_high: float | None = Field(None, gt=0)
+    c_tail_low: float | None = Field(None, ge=0)
+    c_tail_high: float | None = Field(None, ge=0)
+    c_verify_low: float | None = Field(None, gt=0)
+    c_verify_high: float | None = Field(None, gt=0)
+
+    def cost_bounds(self) -> tuple[CostSet, CostSet] | None:
+        """(lowest, highest) (c_draft, c_verify, c_tail) over the costs' intervals, or None if not recorded."""
+        ends = [self.c_draft_low, self.c_draft_high, self.c_verify_low, self.c_verify_high]
+        if any(value is None for value in ends):
+            return None
+        tail_low = self.c_tail_low if self.c_tail_low is not None else self.c_tail or 0.0
+        tail_high = self.c_tail_high if self.c_tail_high is not None else self.c_tail or 0.0
+        low = CostSet(self.c_draft_low or 0.0, self.c_verify_low or 0.0, tail_low)
+        return low, CostSet(self.c_draft_high or 0.0, self.c_verify_high or 0.0, tail_high)
 
     def interval(self, metric: str) -> Interval | None:
         """``speedup_vs_greedy`` or ``acceptance_rate`` with the sweep's paired interval over prompts, or None."""
@@ -421,7 +459,7 @@ def _check_path_matches(result: EvalResult, path: Path) -> None:
 
 def eval_records_path(root: Path, result: EvalResult) -> Path:
     """The per-sample records beside an evaluate summary."""
-    return root / "eval" / result.family / result.model / result.task / f"{result.method}.jsonl"
+    return stage_dir(root / "eval", result.family, result.model, result.task) / f"{result.method}.jsonl"
 
 
 #: inputs evaluate keeps beside the summaries (a draft sub-vocabulary, calibration text), not results

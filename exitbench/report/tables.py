@@ -32,7 +32,6 @@ from exitbench.report.results import (
 from exitbench.report.throughput import table_rows, throughput_section
 from exitbench.stats import Interval
 
-PRIMARY_METRIC = {"cnndm": "rouge2", "xsum": "rouge2", "humaneval": "pass@1", "mbpp": "pass@1", "topv2": "exact_match"}
 METHOD_ORDER = (
     "autoregressive",
     "early_exit",
@@ -219,7 +218,7 @@ def sweep_estimate(row: SweepRow, metric: str) -> Estimate:
 def quality_metrics(results: list[EvalResult]) -> list[str]:
     """Scalar quality metrics present for a task, its primary metric first."""
     names = sorted({name for r in results for name in r.scalar_quality()})
-    primary = PRIMARY_METRIC.get(results[0].task) if results else None
+    primary = results[0].primary if results else None
     return ([primary] if primary in names else []) + [n for n in names if n != primary]
 
 
@@ -360,6 +359,14 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
         "Exactness compares each output token for token with greedy decoding.",
         "",
     ]
+    older = sum(r.schema_version < 2 for r in results.evals)
+    if older:
+        lines += [
+            f"_{older} of {len(results.evals)} result files are of summary schema 1 (written before summaries stated "
+            "their task's primary metric and framework): the report takes each task's own primary metric for them; "
+            "rerunning their evaluate stage rewrites them from the stored records, without generating again._",
+            "",
+        ]
     for task in results.eval_tasks():
         lines += [f"### {task}", ""]
         for model in results.eval_models():
@@ -513,7 +520,9 @@ def sweep_section(results: Results) -> list[str]:
         "Costs, relative to one greedy step and timed interleaved: c_draft one draft step (E layers and the draft "
         "head, over the sub-vocabulary in +subvocab rows), c_tail the last draft's E layers without the head (once "
         "a round, for a verification that starts at the exit), c_verify one verification forward over d + 1 "
-        "positions; ideal = tokens per round / (d c_draft + c_tail + c_verify).",
+        "positions; ideal = tokens per round / (d c_draft + c_tail + c_verify). Each cost is the median of its "
+        "per-round ratios; the cost-model check divides by the prediction at the ends of the acceptance's and "
+        "the costs' intervals (order statistics of each median), so the costs' own timing noise is in its verdict.",
         "Roofline: MB/token is what a method reads per generated token (weights of the layers it runs, the head, "
         "the KV cache it attends over; prefill included); % roofline is the time those bytes need at the "
         f"machine's measured bandwidth ({bandwidth_text(sweep.provenance)}) over the measured time.",
@@ -628,7 +637,7 @@ def probe_agreement(probe: Probe | None, task: str, exit_layer: int) -> tuple[Es
 
 def _quality_cells(rows: list[EvalResult], task: str, model: str) -> list[CompareCell]:
     """Last-layer quality, then each evaluated exit layer's quality and its fraction of the last layer's."""
-    metric = PRIMARY_METRIC.get(task) or (quality_metrics(rows) or [""])[0]
+    metric = next((r.primary for r in rows if r.primary), None) or (quality_metrics(rows) or [""])[0]
     greedy = next((r for r in rows if r.family == "autoregressive"), None)
     last = quality_estimate(greedy, metric, rows) if greedy else Estimate(None)
     cells = [CompareCell((0,), "last_layer_quality", f"last layer: {metric}", model, last, metric=metric)]
@@ -1241,7 +1250,7 @@ def metrics(results: Results) -> dict[str, Any]:
     its 95% interval (``_low``, ``_high``) where the result stores one and its sample size (``_n``)."""
     out: dict[str, Any] = {"eval": {}, "sweep": {}, "calibrate": {}}
     for r in results.evals:
-        primary = PRIMARY_METRIC.get(r.task)
+        primary = r.primary
         entry = {
             **_metric_entry("speedup", speed_estimate(r, "speedup_vs_greedy")),
             "ms_per_token": _round(r.speed.time_per_token_ms),
