@@ -49,7 +49,7 @@ from exitbench.config import BenchConfig, Config, check_exit_layers, stage_view
 from exitbench.cost_model import SUBVOCAB_TAG, alpha_from_acceptance_rate, fraction_of_ideal, ideal_speedup
 from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import DecodeResult, DecodingMethod, StopRule, build_method, method_class
-from exitbench.decoding.self_speculative import DraftHead
+from exitbench.decoding.draft_verify import DraftHead
 from exitbench.decoding.steps import as_ids, draft_hidden, full_step, greedy, prefill
 from exitbench.errors import ExitbenchError
 from exitbench.exit_vocab import model_exit_vocabulary, write_draft_vocab

@@ -53,19 +53,19 @@ def test_self_speculative_accept_and_reject_regimes(tiny_model):
 
 
 def test_cache_length_after_every_crop_equals_accepted_length(tiny_model, monkeypatch):
-    from exitbench.decoding import self_speculative as module
+    from exitbench.decoding import draft_verify as module
 
     method = build_method("self_speculative", tiny_model, {"exit_layer": 2, "num_speculations": 4})
     prompt = prompts()[0]
     seen: list[tuple[list[int], int]] = []
-    original = module.SelfSpeculative._round
+    original = module.verify
 
-    def spy(self, cache, head, position, last, budget, stop, result):
-        new = original(self, cache, head, position, last, budget, stop, result)
-        seen.append((list(cache.lengths), position + len(new)))
+    def spy(model, round_, draft):
+        new = original(model, round_, draft)
+        seen.append((list(round_.cache.lengths), round_.position + len(new)))
         return new
 
-    monkeypatch.setattr(module.SelfSpeculative, "_round", spy)
+    monkeypatch.setattr(module, "verify", spy)
     method.generate(prompt, MAX_NEW)
     assert seen
     for lengths, committed_minus_pending in seen:

@@ -47,17 +47,15 @@ def test_speculative_cache_lengths_after_crops(tiny_model, random_draft, monkeyp
     from exitbench.decoding import speculative as module
 
     seen: list[tuple[list[int], list[int], int, int, int]] = []
-    original = module.Speculative._round
+    original = module.DraftModelProposer.settle
 
-    def spy(self, cache, draft_cache, sequence, budget, stop, result):
-        drafted_before = result.num_drafted
-        new = original(self, cache, draft_cache, sequence, budget, stop, result)
-        drafted = result.num_drafted - drafted_before
-        committed_minus_pending = len(sequence) - 1 + len(new)
-        seen.append((list(cache.lengths), list(draft_cache.lengths), committed_minus_pending, len(new) - 1, drafted))
-        return new
+    def spy(self, round_, draft, committed):
+        original(self, round_, draft, committed)  # the main cache was cropped by the verification, the draft's now
+        committed_minus_pending = round_.position + len(committed)
+        seen.append((list(round_.cache.lengths), list(self.cache.lengths), committed_minus_pending, len(committed) - 1,
+                     len(draft.tokens)))
 
-    monkeypatch.setattr(module.Speculative, "_round", spy)
+    monkeypatch.setattr(module.DraftModelProposer, "settle", spy)
     for draft in (tiny_model, random_draft):
         seen.clear()
         build_method("speculative", tiny_model, {"num_speculations": 4}, draft_model=draft).generate(prompts()[0], 24)

@@ -42,7 +42,9 @@ def test_drafts_run_the_kept_layers_and_verification_all(tiny_model, monkeypatch
     method = build_method("layer_skip_draft", tiny_model, {"skip_layers": skip, "num_speculations": 3})
     phase = ["prefill"]
     calls: dict[str, list[int]] = {"prefill": [], "draft": [], "verify": []}
-    layer_forward, draft = tiny_model.layer_forward, method._draft
+    from exitbench.decoding.layer_skip_draft import SkippingProposer
+
+    layer_forward, draft = tiny_model.layer_forward, SkippingProposer.draft_logits
 
     def spy_layer(index, *args, **kwargs):
         calls[phase[0]].append(index)
@@ -50,12 +52,12 @@ def test_drafts_run_the_kept_layers_and_verification_all(tiny_model, monkeypatch
 
     def spy_draft(*args):
         phase[0] = "draft"
-        token = draft(*args)
+        logits = draft(*args)
         phase[0] = "verify"  # whatever runs next until the next draft: the verification forward
-        return token
+        return logits
 
     monkeypatch.setattr(tiny_model, "layer_forward", spy_layer)
-    monkeypatch.setattr(method, "_draft", spy_draft)
+    monkeypatch.setattr(SkippingProposer, "draft_logits", spy_draft)
     result = method.generate(prompts()[1], MAX_NEW)
     kept = [layer for layer in range(NUM_LAYERS) if layer not in skip]
     assert calls["draft"] == kept * result.layer_calls["draft_forwards"]

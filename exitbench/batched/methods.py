@@ -38,7 +38,8 @@ from exitbench.batched.cache import BatchKVCache
 from exitbench.confidence import softmax_response
 from exitbench.decoding.base import MethodOptions, StopRule, parse_options
 from exitbench.decoding.calm import CalmOptions, candidate_layers, step_threshold
-from exitbench.decoding.self_speculative import DraftHead, SelfSpeculativeOptions
+from exitbench.decoding.draft_verify import DraftHead
+from exitbench.decoding.self_speculative import SelfSpeculativeOptions
 from exitbench.decoding.steps import finish
 from exitbench.errors import ExitbenchError
 from exitbench.models.view import EarlyExitModel

@@ -24,7 +24,7 @@ from exitbench.decoding.base import (
 from exitbench.errors import ExitbenchError
 
 #: modules of shared code, not methods
-_SHARED = frozenset({"base", "steps"})
+_SHARED = frozenset({"base", "draft_verify", "steps"})
 #: method modules that failed to import: module name -> the error
 BROKEN_MODULES: dict[str, str] = {}
 

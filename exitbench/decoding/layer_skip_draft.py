@@ -15,15 +15,14 @@ verification runs every layer, and the draft costs ``(L - |skip|) / L`` of a ful
 
 from __future__ import annotations
 
-import time
-
+import torch
 from pydantic import Field
 
-from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
-from exitbench.decoding.speculative import forward_all
-from exitbench.decoding.steps import accept_drafts, as_ids, finish, greedy, new_cache_for, prefill
+from exitbench.decoding.base import MethodOptions, register
+from exitbench.decoding.draft_verify import Draft, DraftVerifyMethod, Proposer, Round
+from exitbench.decoding.steps import as_ids, greedy
 from exitbench.errors import ExitbenchError
-from exitbench.models.cache import KVCache
+from exitbench.models.view import EarlyExitModel
 
 
 class LayerSkipDraftOptions(MethodOptions):
@@ -31,8 +30,44 @@ class LayerSkipDraftOptions(MethodOptions):
     num_speculations: int = Field(..., ge=1, description="d: tokens drafted per round")
 
 
+class SkippingProposer(Proposer):
+    """Drafts through the kept layers (attention over the full model's committed K/V) and the shared head.
+
+    With a confidence floor (> 0) a round's drafting also stops after the first draft whose probability under the
+    head is below it (that draft is still verified: it costs the verification one more position only).
+    """
+
+    def __init__(self, model: EarlyExitModel, kept: list[int], num_speculations: int, min_confidence: float = 0.0):
+        self.model, self.kept, self.d, self.floor = model, kept, num_speculations, min_confidence
+
+    def draft_logits(self, round_: Round, token: int, position: int) -> torch.Tensor:
+        """The head's logits ``[1, 1, V]`` after ``token`` (at ``position``) ran through the kept layers."""
+        model = self.model
+        hidden = model.embed(as_ids(model, [token]))
+        rope = model.rope(hidden, position)
+        for layer in self.kept:
+            hidden = model.layer_forward(layer, hidden, rope, position, round_.cache)
+        return model.logits(hidden)
+
+    def propose(self, round_: Round) -> Draft:
+        drafts: list[int] = []
+        token = round_.last
+        for step in range(min(self.d, round_.room)):
+            logits = self.draft_logits(round_, token, round_.position + step)
+            token = greedy(logits)
+            drafts.append(token)
+            if token in round_.stop.eos_token_ids:
+                break
+            if self.floor > 0 and float(torch.softmax(logits[0, -1].float(), dim=-1).max()) < self.floor:
+                break
+        calls = round_.result.layer_calls
+        calls["draft_forwards"] += len(drafts)
+        calls["verify_forwards"] += 1
+        return Draft(drafts)  # verified by every layer, which rewrites the draft positions' K/V
+
+
 @register
-class LayerSkipDraft(DecodingMethod):
+class LayerSkipDraft(DraftVerifyMethod):
     name = "layer_skip_draft"
     Options = LayerSkipDraftOptions
     exact = True
@@ -47,45 +82,8 @@ class LayerSkipDraft(DecodingMethod):
             )
         self.kept = [layer for layer in range(layers) if layer not in skip]
 
-    def _generate(self, prompt_ids: list[int], max_new_tokens: int, stop: StopRule) -> DecodeResult:
-        model, d = self.model, self.options.num_speculations
-        start = time.perf_counter()
-        cache = new_cache_for(model, len(prompt_ids), max_new_tokens, slack=d + 2)
-        tokens = [greedy(prefill(model, cache, prompt_ids))]
-        result = DecodeResult(tokens=tokens, wall_time_s=0.0, prefill_time_s=time.perf_counter() - start)
-        result.acceptance_histogram = [0] * (d + 1)
-        result.layer_calls = {"draft_forwards": 0, "verify_forwards": 0, "layers_per_draft": len(self.kept)}
-        checked = 0
-        while len(tokens) < max_new_tokens and stop.cut(tokens, checked) is None:
-            checked = len(tokens)
-            budget = min(d, max_new_tokens - len(tokens) - 1)
-            tokens.extend(self._round(cache, len(prompt_ids) + len(tokens) - 1, tokens[-1], budget, stop, result))
-        result.tokens = finish(tokens, max_new_tokens, stop)
-        return result
+    def counters(self) -> dict[str, int]:
+        return {"draft_forwards": 0, "verify_forwards": 0, "layers_per_draft": len(self.kept)}
 
-    def _draft(self, cache: KVCache, token: int, position: int) -> int:
-        """One draft token: ``token`` (at ``position``) through the kept layers and the head."""
-        model = self.model
-        hidden = model.embed(as_ids(model, [token]))
-        rope = model.rope(hidden, position)
-        for layer in self.kept:
-            hidden = model.layer_forward(layer, hidden, rope, position, cache)
-        return greedy(model.logits(hidden))
-
-    def _round(
-        self, cache: KVCache, position: int, last: int, budget: int, stop: StopRule, result: DecodeResult
-    ) -> list[int]:
-        """Draft up to ``budget`` tokens, verify them with every layer at once; ``last`` is committed, uncached."""
-        drafts: list[int] = []
-        token = last
-        for step in range(budget):
-            token = self._draft(cache, token, position + step)
-            drafts.append(token)
-            if token in stop.eos_token_ids:
-                break
-        verified = forward_all(self.model, cache, [last, *drafts], position)  # rewrites every layer's draft K/V
-        committed = accept_drafts(drafts, verified[0].argmax(-1).tolist(), result)
-        cache.crop(position + len(committed))
-        result.layer_calls["draft_forwards"] += len(drafts)
-        result.layer_calls["verify_forwards"] += 1
-        return committed
+    def proposer(self, prompt_ids: list[int], max_new_tokens: int) -> Proposer:
+        return SkippingProposer(self.model, self.kept, self.options.num_speculations)

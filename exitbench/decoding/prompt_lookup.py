@@ -6,8 +6,8 @@ sequence (prompt + tokens generated so far) are looked up earlier in the same se
 cut before an EOS, are the draft (:func:`lookup_draft`, the rule of transformers'
 ``PromptLookupCandidateGenerator.get_candidates``, so the peer ``hf_prompt_lookup`` drafts the same
 tokens). The full model reads the last committed token and the draft in ONE forward over ``d + 1``
-positions and keeps the longest prefix it agrees with plus its own next token, as in
-:mod:`exitbench.decoding.speculative`; the cache is cropped to the committed tokens. A round with no match
+positions and keeps the longest prefix it agrees with plus its own next token (the round of
+:mod:`exitbench.decoding.draft_verify`); the cache is cropped to the committed tokens. A round with no match
 is an ordinary greedy step (counted in ``layer_calls["lookup_misses"]``). Greedy verification makes the
 output identical to greedy decoding.
 
@@ -17,15 +17,12 @@ the output copies the input (summaries quote their article).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
 
 from pydantic import Field
 
-from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
-from exitbench.decoding.speculative import forward_all
-from exitbench.decoding.steps import accept_drafts, finish, greedy, new_cache_for, prefill
-from exitbench.models.cache import KVCache
+from exitbench.decoding.base import MethodOptions, register
+from exitbench.decoding.draft_verify import Draft, DraftVerifyMethod, Proposer, Round
 
 
 class PromptLookupOptions(MethodOptions):
@@ -58,40 +55,28 @@ def lookup_draft(
     return []
 
 
-def verify_round(
-    model, cache: KVCache, position: int, last: int, drafts: list[int], result: DecodeResult
-) -> list[int]:
-    """The full model over ``[last, *drafts]`` at ``position``: the accepted drafts plus its own next token.
+class LookupProposer(Proposer):
+    """Drafts what followed the last n-gram's leftmost earlier match (:func:`lookup_draft`); nothing on a miss."""
 
-    ``last`` is committed but not yet in ``cache``; afterwards the cache holds it and the accepted drafts.
-    """
-    full_choice = forward_all(model, cache, [last, *drafts], position)[0].argmax(-1).tolist()
-    committed = accept_drafts(drafts, full_choice, result)
-    cache.crop(position + len(committed))
-    return committed
+    def __init__(self, ngram_size: int, num_speculations: int) -> None:
+        self.ngram_size, self.d = ngram_size, num_speculations
+
+    def propose(self, round_: Round) -> Draft:
+        drafts = lookup_draft(round_.sequence, self.ngram_size, min(self.d, round_.room), round_.stop.eos_token_ids)
+        calls = round_.result.layer_calls
+        calls["lookup_misses"] += not drafts
+        calls["verify_forwards"] += 1
+        return Draft(drafts)
 
 
 @register
-class PromptLookup(DecodingMethod):
+class PromptLookup(DraftVerifyMethod):
     name = "prompt_lookup"
     Options = PromptLookupOptions
     exact = True
 
-    def _generate(self, prompt_ids: list[int], max_new_tokens: int, stop: StopRule) -> DecodeResult:
-        model, opts = self.model, self.options
-        start = time.perf_counter()
-        cache = new_cache_for(model, len(prompt_ids), max_new_tokens, slack=opts.num_speculations + 2)
-        tokens = [greedy(prefill(model, cache, prompt_ids))]
-        result = DecodeResult(tokens=tokens, wall_time_s=0.0, prefill_time_s=time.perf_counter() - start)
-        result.acceptance_histogram = [0] * (opts.num_speculations + 1)
-        result.layer_calls = {"verify_forwards": 0, "lookup_misses": 0}
-        checked = 0
-        while len(tokens) < max_new_tokens and stop.cut(tokens, checked) is None:
-            checked = len(tokens)
-            budget = min(opts.num_speculations, max_new_tokens - len(tokens) - 1)
-            drafts = lookup_draft(prompt_ids + tokens, opts.ngram_size, budget, stop.eos_token_ids)
-            result.layer_calls["lookup_misses"] += not drafts
-            result.layer_calls["verify_forwards"] += 1
-            tokens.extend(verify_round(model, cache, len(prompt_ids) + len(tokens) - 1, tokens[-1], drafts, result))
-        result.tokens = finish(tokens, max_new_tokens, stop)
-        return result
+    def counters(self) -> dict[str, int]:
+        return {"verify_forwards": 0, "lookup_misses": 0}
+
+    def proposer(self, prompt_ids: list[int], max_new_tokens: int) -> Proposer:
+        return LookupProposer(self.options.ngram_size, self.options.num_speculations)

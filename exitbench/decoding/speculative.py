@@ -28,26 +28,25 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from typing import Any, ClassVar
 
-import torch
 from pydantic import Field
 from torch import nn
 
-from exitbench.decoding.base import DecodeResult, DecodingMethod, MethodOptions, StopRule, register
-from exitbench.decoding.self_speculative import DraftHead
-from exitbench.decoding.steps import accept_drafts, as_ids, finish, greedy, new_cache_for, prefill
+from exitbench.decoding.base import MethodOptions, register
+from exitbench.decoding.draft_verify import Draft, DraftHead, DraftVerifyMethod, Proposer, Round
+from exitbench.decoding.steps import as_ids, new_cache_for, prefill
 from exitbench.errors import ExitbenchError
-from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel
 
 
 class SpeculativeOptions(MethodOptions):
     num_speculations: int = Field(..., ge=1, description="d: tokens the draft model proposes per round")
     draft_layers: int = Field(
-        0, ge=0, description="0: the draft model passed in (models/draft); E: a standalone copy of the evaluated "
-        "model's first E layers, final norm and head"
+        0,
+        ge=0,
+        description="0: the draft model passed in (models/draft); E: a standalone copy of the evaluated "
+        "model's first E layers, final norm and head",
     )
     draft_vocab_file: str = Field("", description="JSON list of token ids the draft head may propose")
 
@@ -73,14 +72,39 @@ def model_bytes(model: EarlyExitModel) -> int:
     return sum(param.numel() * param.element_size() for param in model.hf.parameters())
 
 
-def forward_all(model: EarlyExitModel, cache: KVCache, tokens: list[int], position: int) -> torch.Tensor:
-    """Tokens at ``position..`` through every layer of ``model`` (K/V cached); logits ``[1, S, V]``."""
-    hidden = model.forward_layers(model.embed(as_ids(model, tokens)), 0, model.num_layers, position, cache)
-    return model.logits(hidden)
+class DraftModelProposer(Proposer):
+    """Drafts with a separate model and its own cache, which lags the committed tokens by what it has not read."""
+
+    def __init__(
+        self, draft: EarlyExitModel, head: DraftHead, num_speculations: int, prompt_ids: list[int], max_new_tokens: int
+    ) -> None:
+        self.draft, self.head, self.d = draft, head, num_speculations
+        self.cache = new_cache_for(draft, len(prompt_ids), max_new_tokens, slack=num_speculations + 2)
+        prefill(draft, self.cache, prompt_ids)
+
+    def propose(self, round_: Round) -> Draft:
+        draft, cache = self.draft, self.cache
+        drafts: list[int] = []
+        pending = round_.sequence[cache.lengths[0] :]  # 1 token, or 2 after a fully accepted round
+        for _ in range(min(self.d, round_.room)):
+            start = cache.lengths[0]
+            hidden = draft.forward_layers(draft.embed(as_ids(draft, pending)), 0, draft.num_layers, start, cache)
+            token = self.head.propose(hidden[:, -1:])
+            drafts.append(token)
+            pending = [token]
+            if token in round_.stop.eos_token_ids:
+                break
+        calls = round_.result.layer_calls
+        calls["draft_forwards"] += len(drafts)
+        calls["verify_forwards"] += 1
+        return Draft(drafts)
+
+    def settle(self, round_: Round, draft: Draft, committed: list[int]) -> None:
+        self.cache.crop(round_.position + len(committed))  # what the draft read of them (all but the last draft)
 
 
 @register
-class Speculative(DecodingMethod):
+class Speculative(DraftVerifyMethod):
     name = "speculative"
     Options = SpeculativeOptions
     exact = True
@@ -121,48 +145,10 @@ class Speculative(DecodingMethod):
             )
         return draft
 
-    def _generate(self, prompt_ids: list[int], max_new_tokens: int, stop: StopRule) -> DecodeResult:
-        model, d = self.model, self.options.num_speculations
-        draft = self._check_draft()
-        start = time.perf_counter()
-        cache = new_cache_for(model, len(prompt_ids), max_new_tokens, slack=d + 2)
-        draft_cache = new_cache_for(draft, len(prompt_ids), max_new_tokens, slack=d + 2)
-        tokens = [greedy(prefill(model, cache, prompt_ids))]
-        prefill(draft, draft_cache, prompt_ids)
-        result = DecodeResult(tokens=tokens, wall_time_s=0.0, prefill_time_s=time.perf_counter() - start)
-        result.acceptance_histogram = [0] * (d + 1)
-        result.layer_calls = {"draft_forwards": 0, "verify_forwards": 0}
-        checked = 0
-        while len(tokens) < max_new_tokens and stop.cut(tokens, checked) is None:
-            checked = len(tokens)
-            budget = min(d, max_new_tokens - len(tokens) - 1)
-            tokens.extend(self._round(cache, draft_cache, prompt_ids + tokens, budget, stop, result))
-        result.tokens = finish(tokens, max_new_tokens, stop)
-        return result
+    def counters(self) -> dict[str, int]:
+        return {"draft_forwards": 0, "verify_forwards": 0}
 
-    def _round(
-        self, cache: KVCache, draft_cache: KVCache, sequence: list[int], budget: int, stop: StopRule,
-        result: DecodeResult,
-    ) -> list[int]:
-        """One draft-then-verify round over the committed ``sequence`` (its last token not yet cached)."""
-        model, draft = self.model, self._check_draft()
-        position = len(sequence) - 1  # of the last committed token, which neither model has read yet
-        drafts: list[int] = []
-        pending = sequence[draft_cache.lengths[0]:]  # 1 token, or 2 after a fully accepted round
-        head = self.head
+    def proposer(self, prompt_ids: list[int], max_new_tokens: int) -> Proposer:
+        draft, head = self._check_draft(), self.head
         assert head is not None
-        for _ in range(budget):
-            start = draft_cache.lengths[0]
-            hidden = draft.forward_layers(draft.embed(as_ids(draft, pending)), 0, draft.num_layers, start, draft_cache)
-            token = head.propose(hidden[:, -1:])
-            drafts.append(token)
-            pending = [token]
-            if token in stop.eos_token_ids:
-                break
-        verified = forward_all(model, cache, [sequence[-1], *drafts], position)
-        committed = accept_drafts(drafts, verified[0].argmax(-1).tolist(), result)
-        cache.crop(position + len(committed))  # `last` and the accepted drafts
-        draft_cache.crop(position + len(committed))  # what the draft read of them (all but the last draft)
-        result.layer_calls["draft_forwards"] += len(drafts)
-        result.layer_calls["verify_forwards"] += 1
-        return committed
+        return DraftModelProposer(draft, head, self.options.num_speculations, prompt_ids, max_new_tokens)
