@@ -440,6 +440,8 @@ def evaluate_stage(
         summary["settings_key"] = records.key  # which of the store's records (it may hold other settings') are these
         if (memory := getattr(method, "extra_memory", lambda: None)()) is not None:
             summary["extra_memory"] = memory  # a separate draft model's weights and cache, beside the model
+        if (chosen := getattr(method, "calibration_summary", lambda: None)()) is not None:
+            summary["calibration"] = chosen  # what the method chose on calibration text, and what choosing cost
         summary["model_info"] = ctx.model_info
         summary["provenance"] = provenance(stage_view(cfg, "evaluate"), ctx.model.device, cfg.base.dtype)
         summary["provenance"]["num_parameters"] = ctx.model_info["num_parameters"]

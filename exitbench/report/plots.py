@@ -45,6 +45,7 @@ MARKERS = {
     "speculative": "P",
     "adaptive_self_speculative": "*",
     "layer_skip_draft": "<",
+    "swift": "h",
     "depth_pruning": "d",
     "calm": "D",
 }
@@ -108,6 +109,7 @@ SHORT_METHOD = {
     "speculative": "2-model",
     "depth_pruning": "pruned",
     "layer_skip_draft": "skip-draft",
+    "swift": "SWIFT",
     "hf_greedy": "hf greedy",
 }
 #: options shown in a point's label, by their short names (file options are provenance, not a setting to read)

@@ -43,6 +43,7 @@ METHOD_ORDER = (
     "speculative",
     "adaptive_self_speculative",
     "layer_skip_draft",
+    "swift",
     "depth_pruning",
     "calm",
 )
