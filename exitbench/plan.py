@@ -56,6 +56,11 @@ TRAIN_MFU = 0.35  # assumed share of peak FLOP/s a training step achieves
 BANDWIDTH_EFFICIENCY = 0.5  # assumed share of peak bandwidth a batch-1 decode step achieves
 #: assumed mean prompt tokens per task (few-shot formats included)
 PROMPT_TOKENS = {"cnndm": 1000, "humaneval": 150, "mbpp": 200, "topv2": 60}
+#: a planned new token's decoding cost relative to TOPv2's, per task: seconds per greedy generation over its
+#: max_new_tokens in the twins' records (Xeon, 2026-12-06): TOPv2 1.53 s / 80 (its parses stop at ~36 tokens),
+#: CNN/DM 3.8 s / 96 (1k-token prompts, summaries that run to the budget), HumanEval 2.9 s / 128; HumanEval's
+#: sandboxed tests are not in these times. The measured rate (CpuRates.decode_s_per_token_param) is TOPv2's.
+TASK_DECODE_COST = {"topv2": 1.0, "cnndm": 2.07, "humaneval": 1.19}
 OPT_IN = "EXITBENCH_ALLOW_NO_CUDA"
 
 
@@ -171,7 +176,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
             )
         )
     ev = cfg.evaluate
-    generated = prompts = prompt_tokens = 0.0
+    generated = planned = prompts = prompt_tokens = 0.0
     for task, t in ev.tasks.items():
         timing = min(t.timing_samples or t.num_samples, t.num_samples)
         for model in ev.models:
@@ -184,14 +189,15 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
                 count = min(count, ev.method_samples.get(label, count))
                 if label != "autoregressive":  # greedy re-timed beside the method, interleaved per prompt
                     count += min(t.reference_samples or timing, timing, count)
-                generated += count * t.max_new_tokens
+                generated += count * t.max_new_tokens * TASK_DECODE_COST.get(task, 1.0)
+                planned += count * t.max_new_tokens
                 prompts += count
                 prompt_tokens += count * PROMPT_TOKENS.get(task, 200)
     mean_prompt = prompt_tokens / prompts if prompts else 0.0
     rows.append(
         _decode(
             "evaluate",
-            f"{len(ev.models)} models x {len(ev.tasks)} tasks x {len(ev.methods)} methods, {int(generated):,} tokens",
+            f"{len(ev.models)} models x {len(ev.tasks)} tasks x {len(ev.methods)} methods, {int(planned):,} tokens",
             n,
             generated,
             prompts,
@@ -207,7 +213,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
             "bench_decoding",
             f"{runs:,} generations",
             n,
-            runs * b.max_new_tokens,
+            runs * b.max_new_tokens * TASK_DECODE_COST.get(b.task, 1.0),
             runs,
             PROMPT_TOKENS.get(b.task, 200),
             width,
@@ -217,12 +223,13 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
     settings = 1 + len(c.thresholds) * len(c.kv_strategies) * len(c.measures)
     runs = len(c.models) * sum(1 for _ in c.tasks) * (c.num_calibration + c.num_test) * settings
     mean_cal_prompt = sum(PROMPT_TOKENS.get(t, 200) for t in c.tasks) / max(len(c.tasks), 1)
+    mean_cal_cost = sum(TASK_DECODE_COST.get(t, 1.0) for t in c.tasks) / max(len(c.tasks), 1)
     rows.append(
         _decode(
             "calibrate",
             f"{runs:,} generations",
             n,
-            runs * c.max_new_tokens,
+            runs * c.max_new_tokens * mean_cal_cost,
             len(c.models) * len(c.tasks) * (c.num_calibration + c.num_test),
             mean_cal_prompt,
             width,
@@ -235,7 +242,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
             "throughput",
             f"{runs:,} sequences (B = 1 cost: an upper bound)",
             n,
-            runs * tp.max_new_tokens,
+            runs * tp.max_new_tokens * TASK_DECODE_COST.get(tp.task, 1.0),
             runs,
             PROMPT_TOKENS.get(tp.task, 200),
             width,

@@ -18,6 +18,7 @@ from exitbench.plan import (
     DEVICES,
     OPT_IN,
     RECIPE_COST,
+    TASK_DECODE_COST,
     TRAIN_MFU,
     build_plan,
     check_cpu_budget,
@@ -121,6 +122,19 @@ def test_a_training_row_costs_its_corpus_mix_of_short_and_full_rows():
     assert row_cost({"news": 0.5, "code": 0.5}) == 1.0  # 128-token blocks fill seq_len
     assert row_cost({"topv2": 0.7, "code": 0.2, "news": 0.1}) == pytest.approx(0.7 * CORPUS_ROW_COST["topv2"] + 0.3)
     assert row_cost({}) == 1.0
+
+
+def test_a_planned_token_costs_what_its_task_measured():
+    """The same sample counts on CNN/DM cost 2.07x TOPv2's decoding (long prompts, summaries to the budget)."""
+    cfg = config.load(REPO / "params.yaml", profile="cpu")
+    topv2 = cfg.evaluate.tasks["topv2"]
+    rows = {}
+    for task in ("topv2", "cnndm"):
+        evaluate = cfg.evaluate.model_copy(update={"tasks": {task: topv2}})
+        rows[task] = next(r for r in build_plan(cfg.model_copy(update={"evaluate": evaluate}), exact)
+                          if r.stage == "evaluate")
+    assert rows["cnndm"].bytes_read == pytest.approx(TASK_DECODE_COST["cnndm"] * rows["topv2"].bytes_read)
+    assert rows["cnndm"].work == rows["topv2"].work  # the planned tokens it prints are the same
 
 
 def test_exact_methods_are_planned_on_the_timing_sample_only():
