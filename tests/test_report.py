@@ -835,3 +835,12 @@ def test_a_summary_states_its_primary_metric_and_an_older_one_gets_one_line(tmp_
     total = len(load_results(results).evals)
     older = total - len(list((results / "eval").glob("*/*/cnndm/*.json")))
     assert f"_{older} of {total} result files are of summary schema 1" in readme
+
+
+def test_file_options_show_as_flags_not_paths():
+    from exitbench.report.tables import options_text
+
+    text = options_text({"calibration_file": "results/eval/swift/plain/topv2/calibration.json", "num_speculations": 8,
+                         "draft_vocab_file": ""})
+    assert text == "+calibration d=8"
+    assert options_text({}) == "–"

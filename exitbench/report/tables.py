@@ -240,8 +240,12 @@ def exactness(result: EvalResult) -> str:
 
 
 def options_text(options: dict[str, Any]) -> str:
+    """A method's options as a table cell; a file option (the draft vocabulary, the calibration text: evaluate writes
+    them per model and task, their paths are in the summary) shows as ``+draft_vocab`` / ``+calibration``."""
     short = {"exit_layer": "E", "num_speculations": "d"}
-    return " ".join(f"{short.get(k, k)}={v}" for k, v in sorted(options.items())) or "–"
+    cells = [f"+{k.removesuffix('_file')}" if k.endswith("_file") else f"{short.get(k, k)}={v}"
+             for k, v in sorted(options.items()) if v != ""]
+    return " ".join(cells) or "–"
 
 
 # ------------------------------------------------------------------------------------------ sections
