@@ -307,6 +307,24 @@ class ProbeConfig(Section):
     topv2_rows: int = Field(64, ge=1, description="TOPv2 eval rows probed (the first N): prompt + parse + EOS")
 
 
+class AdaptersConfig(Section):
+    """Kangaroo's adapters (exitbench.models.adapter), one per model named, trained on the frozen model by the
+    ``train_adapters`` stage (exitbench.training.adapter_training)."""
+
+    models: list[str] = Field([], description="the models an adapter is trained for (every model `kangaroo` runs on)")
+    exit_layer: int = Field(2, ge=1, description="E: the shallow sub-network's depth, the adapter's input layer")
+    corpus: dict[Literal["topv2", "news", "code", "stdlib_code", "docs_text"], float] = Field(
+        {"topv2": 1.0}, description="the text the adapter learns the model's distribution on, and mixture weights"
+    )
+    steps: int = Field(200, ge=1)
+    batch_size: int = Field(4, ge=1)
+    seq_len: int = Field(128, ge=8)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    checkpoint_every: int = Field(25, ge=1)
+    held_out: int = Field(16, ge=1, description="examples held out of training: agreement with the full model")
+
+
 class CostModelConfig(Section):
     shapes: dict[str, dict[str, int]] = {}
     exit_layers: list[ExitLayer] = [4, 8, 12]
@@ -389,6 +407,7 @@ class Config(Section):
     calibrate: CalibrateConfig = CalibrateConfig()
     throughput: ThroughputConfig = ThroughputConfig()
     probe: ProbeConfig = ProbeConfig()
+    adapters: AdaptersConfig = AdaptersConfig()
     cost_model: CostModelConfig = CostModelConfig()
     check: CheckConfig = CheckConfig()
     budget: BudgetConfig = BudgetConfig()
@@ -402,6 +421,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "prepare_data": ("base", "data"),
     "train": ("base", "model", "train"),
     "probe_layers": ("base", "probe"),
+    "train_adapters": ("base", "adapters"),
     "evaluate": ("base", "model", "evaluate"),
     "bench_decoding": ("base", "bench"),
     "calibrate": ("base", "calibrate"),
@@ -832,7 +852,7 @@ def check_references(
     absent = sorted(name for name, variant in cfg.train.variants.items() if variant.source == "none")
     models = ["base", *sorted(name for name in cfg.train.variants if name not in absent)]
     among = "allowed (base or a train.variants key" + (f"; not {', '.join(absent)}: source none)" if absent else ")")
-    for key in ("evaluate.models", "probe.models", "bench.models", "calibrate.models"):
+    for key in ("evaluate.models", "probe.models", "bench.models", "calibrate.models", "adapters.models"):
         _check_known(where, key, "model", _get(cfg, key), models, among)
     _check_known(where, "throughput.model", "model", [cfg.throughput.model], models, among)
     named_tasks = {"evaluate.tasks": list(cfg.evaluate.tasks), "calibrate.tasks": cfg.calibrate.tasks,

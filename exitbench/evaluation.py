@@ -84,6 +84,7 @@ class EvalContext:
     model_key: str
     model_info: dict[str, Any]
     train_report: Path | None = None  # results/train/<model>.json of a model trained here
+    adapter: Path | None = None  # <models>/adapters/<model>/kangaroo.pt, where train_adapters made one
     _exit_vocab: dict[str, list[int] | None] = field(default_factory=dict, repr=False)
 
     def trained_exit_vocab(self, data_dir: Path) -> list[int] | None:
@@ -131,8 +132,16 @@ def load_context(
         "projection": model.projection,
     }
     tokenizer = load_tokenizer(model_dir)
+    adapter = models_dir / "adapters" / name / "kangaroo.pt"
     return EvalContext(
-        name, model, tokenizer, draft, _model_key(model_dir), model_info, report_path(train_reports, name)
+        name,
+        model,
+        tokenizer,
+        draft,
+        _model_key(model_dir),
+        model_info,
+        report_path(train_reports, name),
+        adapter if adapter.exists() else None,
     )
 
 
@@ -302,8 +311,24 @@ def write_corpus_calibration(corpus: Path, tokenizer: Any, rows: int, seed: int,
     return atomic_write_text(target, json.dumps(ids) + "\n")
 
 
-#: options naming a file evaluate writes beside a stage's results; a record's settings name the file, not its folder
-FILE_OPTIONS = ("draft_vocab_file", "calibration_file")
+#: options naming a file evaluate gives a method; a record's settings name the file and its content, not its folder
+FILE_OPTIONS = ("draft_vocab_file", "calibration_file", "adapter_file")
+
+
+def adapter_for(ctx: EvalContext, label: str) -> Path:
+    """The model's Kangaroo adapter (``train_adapters``), checked to be trained on these very weights."""
+    if ctx.adapter is None:
+        raise ExitbenchError(
+            f"evaluate: '{label}' runs on '{ctx.name}', which has no trained adapter; add {ctx.name} to "
+            "adapters.models in params.yaml and run `dvc repro train_adapters`"
+        )
+    info = torch.load(ctx.adapter, map_location="cpu", weights_only=True).get("info", {})
+    if info.get("model_key") != ctx.model_key:
+        raise ExitbenchError(
+            f"evaluate: {ctx.adapter} was trained on other weights than models/{ctx.name}'s (model key "
+            f"{info.get('model_key')} vs {ctx.model_key}); run `dvc repro train_adapters`"
+        )
+    return ctx.adapter
 
 
 def file_option_key(value: str) -> str:
@@ -333,10 +358,14 @@ def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def method_options(cfg: Config, label: str, draft_vocab: Path | None, calibration: Path | None) -> dict[str, Any]:
+def method_options(
+    cfg: Config, label: str, draft_vocab: Path | None, calibration: Path | None, adapter: Path | None = None
+) -> dict[str, Any]:
     """``evaluate.methods[label]`` with the files evaluate prepared for the options that take them."""
     options = dict(cfg.evaluate.methods.get(label, {}))
     fields = method_class(label).Options.model_fields
+    if adapter is not None and "adapter_file" in fields:
+        options["adapter_file"] = str(adapter)
     if draft_vocab is not None and "draft_vocab_file" in fields:
         options["draft_vocab_file"] = str(draft_vocab)
     if calibration is not None and "calibration_file" in fields:
@@ -391,7 +420,8 @@ def evaluate_stage(
     runs: dict[str, tuple[DecodingMethod, RecordFile]] = {}
     options_of: dict[str, dict[str, Any]] = {}
     for label in labels:
-        options = method_options(cfg, label, draft_vocab, calibration)
+        adapter = adapter_for(ctx, label) if "adapter_file" in method_class(label).Options.model_fields else None
+        options = method_options(cfg, label, draft_vocab, calibration, adapter)
         key = settings_key(cfg, ctx, task, label, options, chat)
         method = build_method(label, ctx.model, options, draft_model=ctx.draft)
         runs[label] = (method, RecordFile(shard.records_path(target / f"{label}.jsonl"), key))

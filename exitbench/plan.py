@@ -112,6 +112,11 @@ def row_cost(corpus: dict[str, float | None]) -> float:
     return sum(share * CORPUS_ROW_COST.get(name, 1.0) for name, share in shares.items()) / total if total else 1.0
 
 
+#: FLOPs per trained token of an adapter (train_adapters) over N: the frozen forward (2N) and the LM head's forward
+#: and backward beside the adapter's (SmolLM2-135M's head is a fifth of its weights: ~1.2N); first-order, in
+#: units of the training rate's 6N
+ADAPTER_STEP_FLOPS = 3.2
+
 #: the estimate's error measured on the runs above: a budget is exceeded only past it
 CPU_ESTIMATE_ERROR = 0.25
 #: the stages the plan does not model (prepare, probe_layers, report, check, page): 4:32 in the EPYC run
@@ -175,6 +180,12 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
                 f"{v.recipe}/subvocab" if v.recipe == "layerskip" and v.exit_vocab_size else v.recipe,
             )
         )
+    adapters = cfg.adapters
+    if adapters.models:  # a frozen forward (2N a token) and the adapter's and head's forward and backward
+        tokens = len(adapters.models) * adapters.steps * adapters.batch_size * adapters.seq_len
+        tokens *= row_cost(dict(adapters.corpus))
+        rows.append(PlanRow("train_adapters", f"{len(adapters.models)} x {adapters.steps} steps x "
+                            f"{adapters.batch_size} x {adapters.seq_len} tokens", ADAPTER_STEP_FLOPS * n * tokens, 0.0))
     ev = cfg.evaluate
     generated = planned = prompts = prompt_tokens = 0.0
     for task, t in ev.tasks.items():

@@ -22,7 +22,7 @@ from exitbench.config import StrictLoader
 from exitbench.errors import ExitbenchError
 
 Task = Literal["cnndm", "xsum", "humaneval", "mbpp", "topv2", "wmt", "squad"]
-Method = Literal["autoregressive", "early_exit", "self_speculative", "speculative", "calm", "swift"]
+Method = Literal["autoregressive", "early_exit", "self_speculative", "speculative", "calm", "swift", "kangaroo"]
 HardwareKind = Literal["cpu", "gpu", "tpu"]
 
 

@@ -50,6 +50,7 @@ def main() -> None:
     config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=strict_options)
     staged = evaluate_stage_names(Path(args.dvc_yaml))
     check_method_stages(cfg, staged)
+    check_adapters(cfg)
     check_planned_exit_layers(cfg)
     plan = build_plan(cfg, lambda label: method_class(label).exact)
     for line in render_plan(cfg, plan):
@@ -124,6 +125,20 @@ def check_method_stages(cfg: config.Config, staged: list[str]) -> None:
             raise ExitbenchError(
                 f"evaluate.methods: {labels or stage} has no evaluation stage; add '{stage}' to the foreach list "
                 f"of the evaluate stage in dvc.yaml (stages there: {', '.join(staged)})"
+            )
+
+
+def check_adapters(cfg: config.Config) -> None:
+    """A method that drafts through a trained adapter (an ``adapter_file`` option) has one for every model it runs
+    on: ``adapters.models`` names them (one line otherwise)."""
+    for label in cfg.evaluate.methods:
+        if "adapter_file" not in method_class(label).Options.model_fields:
+            continue
+        runs_on = cfg.evaluate.method_models.get(label, cfg.evaluate.models)
+        if missing := [model for model in runs_on if model not in cfg.adapters.models]:
+            raise ExitbenchError(
+                f"evaluate.methods.{label} runs on {', '.join(missing)}, which adapters.models "
+                f"({', '.join(cfg.adapters.models) or 'empty'}) trains no adapter for; add them there"
             )
 
 

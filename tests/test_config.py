@@ -60,7 +60,7 @@ def test_config_is_frozen():
         ({"train": {"variants": {"layerskip": {"stepz": 3}}}}, "unknown key 'train.variants.layerskip.stepz'"),
         ({"bench": {"num_prompts": "many"}}, 'bench.num_prompts: expected an integer, got "many"'),
         ({"base": {"dtype": "float8"}}, "base.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
-        ({"evaluat": {}}, "unknown key 'evaluat'; allowed keys here: base, bench"),
+        ({"evaluat": {}}, "unknown key 'evaluat'; allowed keys here: adapters, base, bench"),
         ({"profile": "gpu"}, "profile 'gpu' is not known"),
         ({"profiles": {"fast": {}}}, "unknown profile(s) ['fast']"),
         ({"calibrate": {"epsilon": 2.0}}, "calibrate.epsilon: Input should be less than 1"),
@@ -246,7 +246,7 @@ def test_load_stage_roundtrip(tmp_path):
     ("old", "new", "expected"),
     [
         ("  seed: 1234", "  sed: 1234", "unknown key 'base.sed'"),
-        ("\ncheck:\n", "\nchecks: {}\ncheck:\n", "unknown key 'checks'; allowed keys here: base, bench"),
+        ("\ncheck:\n", "\nchecks: {}\ncheck:\n", "unknown key 'checks'; allowed keys here: adapters, base, bench"),
         ("evaluate:\n  models: [base, plain, layerskip, calm]", "evaluate:\n  models: [base, plain, layerskip, clam]",
          "evaluate.models: unknown model 'clam'"),
         ("\nprofile: cpu\n", "\nprofile: cpu\nprofile: smoke\n", "key 'profile' appears twice (lines"),

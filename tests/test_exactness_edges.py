@@ -32,6 +32,7 @@ OPTIONS: dict[str, Callable[[int, int, int], dict[str, Any]]] = {
     "layer_skip_draft": lambda e, d, n: {"skip_layers": list(range(e, n)), "num_speculations": d},
     "prompt_lookup": lambda e, d, n: {"ngram_size": 2, "num_speculations": d},
     "swift": lambda e, d, n: {"skip_layers": list(range(e, n)), "num_speculations": d, "min_confidence": 0.0},
+    "kangaroo": lambda e, d, n: {"exit_layer": e, "num_speculations": d, "min_confidence": 0.0},
     "hf_early_exit": lambda e, d, n: {"exit_layer": e, "num_speculations": d},
     "hf_greedy": lambda e, d, n: {},
     "hf_prompt_lookup": lambda e, d, n: {"ngram_size": 2, "num_speculations": d},

@@ -46,6 +46,7 @@ MARKERS = {
     "adaptive_self_speculative": "*",
     "layer_skip_draft": "<",
     "swift": "h",
+    "kangaroo": "p",
     "depth_pruning": "d",
     "calm": "D",
 }
@@ -110,6 +111,7 @@ SHORT_METHOD = {
     "depth_pruning": "pruned",
     "layer_skip_draft": "skip-draft",
     "swift": "SWIFT",
+    "kangaroo": "Kangaroo",
     "hf_greedy": "hf greedy",
 }
 #: options shown in a point's label, by their short names (file options are provenance, not a setting to read)

@@ -44,6 +44,7 @@ METHOD_ORDER = (
     "adaptive_self_speculative",
     "layer_skip_draft",
     "swift",
+    "kangaroo",
     "depth_pruning",
     "calm",
 )
@@ -241,7 +242,8 @@ def exactness(result: EvalResult) -> str:
 
 def options_text(options: dict[str, Any]) -> str:
     """A method's options as a table cell; a file option (the draft vocabulary, the calibration text: evaluate writes
-    them per model and task, their paths are in the summary) shows as ``+draft_vocab`` / ``+calibration``."""
+    them per model and task, their paths are in the summary) shows as ``+draft_vocab`` / ``+calibration`` /
+    ``+adapter``."""
     short = {"exit_layer": "E", "num_speculations": "d"}
     cells = [f"+{k.removesuffix('_file')}" if k.endswith("_file") else f"{short.get(k, k)}={v}"
              for k, v in sorted(options.items()) if v != ""]
