@@ -19,6 +19,8 @@ def expected_files(cfg: config.Config) -> list[Path]:
     files = [Path("models/base/model_info.json"), Path("models/draft/model_info.json"), Path("data/manifest.json")]
     files += [Path(f"results/train/{v}.json") for v in cfg.train.variants]
     files += [Path(f"results/probe/{m}.json") for m in ("base", *cfg.train.variants)]
+    files += [Path(f"models/adapters/{m}/kangaroo.pt") for m in cfg.adapters.models]
+    files += [Path(f"results/adapters/{m}.json") for m in cfg.adapters.models]
     for model in cfg.evaluate.models:
         for task in cfg.evaluate.tasks:
             files += [
