@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = load_stage(args.config)
     set_threads(cfg.base.threads)
-    out, reports = Path(args.out), Path(args.reports)
-    out.mkdir(parents=True, exist_ok=True)
-    reports.mkdir(parents=True, exist_ok=True)
+    out, reports, checkpoints = Path(args.out), Path(args.reports), Path(args.checkpoints)
+    for folder in (out, reports, checkpoints):  # every output exists, with or without adapters to train
+        folder.mkdir(parents=True, exist_ok=True)
     if not cfg.adapters.models:
         print("train_adapters: adapters.models is empty; no adapter to train")
     for name in cfg.adapters.models:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         held_out, train = corpus.examples[: a.held_out], corpus.examples[a.held_out :]
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         run = AdapterRun(model, KangarooAdapter(model, a.exit_layer), a, train, held_out, int(pad or 0), cfg.base.seed)
-        report = train_adapter(run, Path(args.checkpoints) / name, progress=not args.no_progress)
+        report = train_adapter(run, checkpoints / name, progress=not args.no_progress)
         report.update(
             model=name,
             model_key=model_identity(model_dir)[:16],
@@ -83,6 +83,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{agree['adapter_untrained']:.3f} -> {agree['adapter_trained']:.3f} after {a.steps} steps "
             f"({report['seconds']:.0f} s) -> {out / name / ADAPTER_FILE}"
         )
+    manifest = {
+        name: {"file": f"{name}/{ADAPTER_FILE}", "exit_layer": cfg.adapters.exit_layer} for name in cfg.adapters.models
+    }
+    atomic_write_json(out / "adapters.json", {"adapters": manifest})  # the folder is never empty (DVC)
 
 
 if __name__ == "__main__":

@@ -171,3 +171,34 @@ def test_option_errors_are_one_line(tiny_model, tmp_path):
     save_adapter(KangarooAdapter(tiny_model, 1), path, {})
     with pytest.raises(ExitbenchError, match="trained at layer 1"):
         build_method("kangaroo", tiny_model, {"num_speculations": 2, "adapter_file": str(path), "exit_layer": 2})
+
+
+def test_the_stage_without_adapters_still_writes_every_output(tmp_path):
+    """A profile that trains no adapter (the cpu profile): every DVC output of train_adapters exists, none empty."""
+    import json
+
+    from exitbench.config import Config, stage_view
+    from pipelines.train_adapters import main
+
+    config = tmp_path / "train_adapters.json"
+    config.write_text(json.dumps(stage_view(Config(profile="cpu"), "train_adapters")))
+    out, checkpoints, reports = tmp_path / "adapters", tmp_path / "ckpt", tmp_path / "reports"
+    main(
+        [
+            "--config",
+            str(config),
+            "--models-dir",
+            str(tmp_path / "models"),
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(out),
+            "--checkpoints",
+            str(checkpoints),
+            "--reports",
+            str(reports),
+            "--no-progress",
+        ]
+    )
+    assert checkpoints.is_dir() and reports.is_dir()
+    assert json.loads((out / "adapters.json").read_text()) == {"adapters": {}}
