@@ -38,6 +38,7 @@ from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
 from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
 from exitbench.identity import method_code_identity, model_identity
+from exitbench.models.adapter import ADAPTER_FILE
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.view import EarlyExitModel
 from exitbench.prompts import TaskBatch, encode_prompt, load_samples, stop_rule, uses_chat_template
@@ -132,7 +133,7 @@ def load_context(
         "projection": model.projection,
     }
     tokenizer = load_tokenizer(model_dir)
-    adapter = models_dir / "adapters" / name / "kangaroo.pt"
+    adapter = models_dir / "adapters" / name / ADAPTER_FILE
     return EvalContext(
         name,
         model,

@@ -18,14 +18,12 @@ from exitbench.config import load_stage, stage_view
 from exitbench.data.io import atomic_write_json
 from exitbench.errors import ExitbenchError
 from exitbench.identity import model_identity
-from exitbench.models.adapter import KangarooAdapter, save_adapter
+from exitbench.models.adapter import ADAPTER_FILE, KangarooAdapter, save_adapter
 from exitbench.models.load import load_early_exit_model, load_tokenizer
 from exitbench.models.sources import absent_role
 from exitbench.provenance import provenance
 from exitbench.training.adapter_training import AdapterRun, train_adapter
 from exitbench.training.corpora import build_corpus
-
-ADAPTER_FILE = "kangaroo.pt"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,6 +28,7 @@ from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel, apply_rope, causal_mask
 
 ADAPTER_FORMAT = 1
+ADAPTER_FILE = "kangaroo.pt"  # <models>/adapters/<model>/ADAPTER_FILE, written by train_adapters
 
 
 class KangarooAdapter(nn.Module):
