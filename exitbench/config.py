@@ -307,14 +307,13 @@ class ProbeConfig(Section):
     topv2_rows: int = Field(64, ge=1, description="TOPv2 eval rows probed (the first N): prompt + parse + EOS")
 
 
-class AdaptersConfig(Section):
-    """Kangaroo's adapters (exitbench.models.adapter), one per model named, trained on the frozen model by the
-    ``train_adapters`` stage (exitbench.training.adapter_training)."""
+class FrozenTrainingConfig(Section):
+    """An add-on trained on a frozen model by its own stage (exitbench.training.frozen): for which models, on which
+    text, and the optimizer's schedule."""
 
-    models: list[str] = Field([], description="the models an adapter is trained for (every model `kangaroo` runs on)")
-    exit_layer: int = Field(2, ge=1, description="E: the shallow sub-network's depth, the adapter's input layer")
+    models: list[str] = Field([], description="the models one is trained for (every model its method runs on)")
     corpus: dict[Literal["topv2", "news", "code", "stdlib_code", "docs_text"], float] = Field(
-        {"topv2": 1.0}, description="the text the adapter learns the model's distribution on, and mixture weights"
+        {"topv2": 1.0}, description="the text it learns to keep the model's distribution on, and mixture weights"
     )
     steps: int = Field(200, ge=1)
     batch_size: int = Field(4, ge=1)
@@ -323,6 +322,31 @@ class AdaptersConfig(Section):
     warmup_steps: int = Field(10, ge=0)
     checkpoint_every: int = Field(25, ge=1)
     held_out: int = Field(16, ge=1, description="examples held out of training: agreement with the full model")
+
+
+class AdaptersConfig(FrozenTrainingConfig):
+    """Kangaroo's adapters (exitbench.models.adapter), one per model named, trained on the frozen model by the
+    ``train_adapters`` stage (exitbench.training.adapter_training); read by evaluate's ``kangaroo``."""
+
+    exit_layer: int = Field(2, ge=1, description="E: the shallow sub-network's depth, the adapter's input layer")
+
+
+class RoutersConfig(FrozenTrainingConfig):
+    """Router-Tuning's routers (exitbench.models.router), one set per model named, trained on the frozen model by
+    the ``train_routers`` stage (exitbench.training.router_training); read by evaluate's ``mindskip``."""
+
+    num_routed: int | None = Field(
+        None, ge=1, description="n: the layers before the last that may be skipped; None = half the model's layers"
+    )
+    granularity: Literal["attention", "layer"] = Field(
+        "attention", description="attention: skip a layer's attention only (MindSkip); layer: the whole layer"
+    )
+    threshold: float = Field(0.5, gt=0, lt=1, description="tau: a routed layer runs when its router scores >= tau")
+    target_capacity: float = Field(
+        0.5, gt=0, le=1, description="the share of routed attention the capacity penalty lets run (Table 1: 50%)"
+    )
+    capacity_weight: float = Field(1.0, ge=0, description="lambda: weight of the capacity penalty")
+    lr: float = Field(1e-2, gt=0)
 
 
 class CostModelConfig(Section):
@@ -408,6 +432,7 @@ class Config(Section):
     throughput: ThroughputConfig = ThroughputConfig()
     probe: ProbeConfig = ProbeConfig()
     adapters: AdaptersConfig = AdaptersConfig()
+    routers: RoutersConfig = RoutersConfig()
     cost_model: CostModelConfig = CostModelConfig()
     check: CheckConfig = CheckConfig()
     budget: BudgetConfig = BudgetConfig()
@@ -422,6 +447,7 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "train": ("base", "model", "train"),
     "probe_layers": ("base", "probe"),
     "train_adapters": ("base", "adapters"),
+    "train_routers": ("base", "routers"),
     "evaluate": ("base", "model", "evaluate"),
     "bench_decoding": ("base", "bench"),
     "calibrate": ("base", "calibrate"),
@@ -852,7 +878,9 @@ def check_references(
     absent = sorted(name for name, variant in cfg.train.variants.items() if variant.source == "none")
     models = ["base", *sorted(name for name in cfg.train.variants if name not in absent)]
     among = "allowed (base or a train.variants key" + (f"; not {', '.join(absent)}: source none)" if absent else ")")
-    for key in ("evaluate.models", "probe.models", "bench.models", "calibrate.models", "adapters.models"):
+    model_lists = ("evaluate.models", "probe.models", "bench.models", "calibrate.models", "adapters.models",
+                   "routers.models")
+    for key in model_lists:
         _check_known(where, key, "model", _get(cfg, key), models, among)
     _check_known(where, "throughput.model", "model", [cfg.throughput.model], models, among)
     named_tasks = {"evaluate.tasks": list(cfg.evaluate.tasks), "calibrate.tasks": cfg.calibrate.tasks,

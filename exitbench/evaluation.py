@@ -38,8 +38,8 @@ from exitbench.decoding.base import DecodingMethod
 from exitbench.errors import ExitbenchError
 from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
 from exitbench.identity import method_code_identity, model_identity
-from exitbench.models.adapter import ADAPTER_FILE
 from exitbench.models.load import load_early_exit_model, load_tokenizer
+from exitbench.models.trained import TRAINED_FILES
 from exitbench.models.view import EarlyExitModel
 from exitbench.prompts import TaskBatch, encode_prompt, load_samples, stop_rule, uses_chat_template
 from exitbench.provenance import provenance
@@ -85,7 +85,7 @@ class EvalContext:
     model_key: str
     model_info: dict[str, Any]
     train_report: Path | None = None  # results/train/<model>.json of a model trained here
-    adapter: Path | None = None  # <models>/adapters/<model>/kangaroo.pt, where train_adapters made one
+    trained: dict[str, Path] = field(default_factory=dict)  # option -> the file a TRAINED_FILES stage made
     _exit_vocab: dict[str, list[int] | None] = field(default_factory=dict, repr=False)
 
     def trained_exit_vocab(self, data_dir: Path) -> list[int] | None:
@@ -133,7 +133,7 @@ def load_context(
         "projection": model.projection,
     }
     tokenizer = load_tokenizer(model_dir)
-    adapter = models_dir / "adapters" / name / ADAPTER_FILE
+    trained = {option: models_dir / made.folder / name / made.file for option, made in TRAINED_FILES.items()}
     return EvalContext(
         name,
         model,
@@ -142,7 +142,7 @@ def load_context(
         _model_key(model_dir),
         model_info,
         report_path(train_reports, name),
-        adapter if adapter.exists() else None,
+        {option: path for option, path in trained.items() if path.exists()},
     )
 
 
@@ -313,23 +313,30 @@ def write_corpus_calibration(corpus: Path, tokenizer: Any, rows: int, seed: int,
 
 
 #: options naming a file evaluate gives a method; a record's settings name the file and its content, not its folder
-FILE_OPTIONS = ("draft_vocab_file", "calibration_file", "adapter_file")
+FILE_OPTIONS = ("draft_vocab_file", "calibration_file", "adapter_file", "router_file")
 
 
-def adapter_for(ctx: EvalContext, label: str) -> Path:
-    """The model's Kangaroo adapter (``train_adapters``), checked to be trained on these very weights."""
-    if ctx.adapter is None:
-        raise ExitbenchError(
-            f"evaluate: '{label}' runs on '{ctx.name}', which has no trained adapter; add {ctx.name} to "
-            "adapters.models in params.yaml and run `dvc repro train_adapters`"
-        )
-    info = torch.load(ctx.adapter, map_location="cpu", weights_only=True).get("info", {})
-    if info.get("model_key") != ctx.model_key:
-        raise ExitbenchError(
-            f"evaluate: {ctx.adapter} was trained on other weights than models/{ctx.name}'s (model key "
-            f"{info.get('model_key')} vs {ctx.model_key}); run `dvc repro train_adapters`"
-        )
-    return ctx.adapter
+def trained_files_for(ctx: EvalContext, label: str) -> dict[str, Path]:
+    """The files of :data:`TRAINED_FILES` that ``label`` takes, for this model, each checked to be trained on
+    these very weights (one line naming the stage to run otherwise)."""
+    out = {}
+    for option in method_class(label).Options.model_fields:
+        if (made := TRAINED_FILES.get(option)) is None:
+            continue
+        path = ctx.trained.get(option)
+        if path is None:
+            raise ExitbenchError(
+                f"evaluate: '{label}' runs on '{ctx.name}', which has no trained {made.what}; add {ctx.name} to "
+                f"{made.section}.models in params.yaml and run `dvc repro {made.stage}`"
+            )
+        info = torch.load(path, map_location="cpu", weights_only=True).get("info", {})
+        if info.get("model_key") != ctx.model_key:
+            raise ExitbenchError(
+                f"evaluate: {path} was trained on other weights than models/{ctx.name}'s (model key "
+                f"{info.get('model_key')} vs {ctx.model_key}); run `dvc repro {made.stage}`"
+            )
+        out[option] = path
+    return out
 
 
 def file_option_key(value: str) -> str:
@@ -360,13 +367,18 @@ def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options:
 
 
 def method_options(
-    cfg: Config, label: str, draft_vocab: Path | None, calibration: Path | None, adapter: Path | None = None
+    cfg: Config,
+    label: str,
+    draft_vocab: Path | None,
+    calibration: Path | None,
+    trained: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """``evaluate.methods[label]`` with the files evaluate prepared for the options that take them."""
     options = dict(cfg.evaluate.methods.get(label, {}))
     fields = method_class(label).Options.model_fields
-    if adapter is not None and "adapter_file" in fields:
-        options["adapter_file"] = str(adapter)
+    for option, path in (trained or {}).items():
+        if option in fields:
+            options[option] = str(path)
     if draft_vocab is not None and "draft_vocab_file" in fields:
         options["draft_vocab_file"] = str(draft_vocab)
     if calibration is not None and "calibration_file" in fields:
@@ -421,8 +433,7 @@ def evaluate_stage(
     runs: dict[str, tuple[DecodingMethod, RecordFile]] = {}
     options_of: dict[str, dict[str, Any]] = {}
     for label in labels:
-        adapter = adapter_for(ctx, label) if "adapter_file" in method_class(label).Options.model_fields else None
-        options = method_options(cfg, label, draft_vocab, calibration, adapter)
+        options = method_options(cfg, label, draft_vocab, calibration, trained_files_for(ctx, label))
         key = settings_key(cfg, ctx, task, label, options, chat)
         method = build_method(label, ctx.model, options, draft_model=ctx.draft)
         runs[label] = (method, RecordFile(shard.records_path(target / f"{label}.jsonl"), key))

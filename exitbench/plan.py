@@ -118,6 +118,11 @@ def row_cost(corpus: dict[str, float | None]) -> float:
 #: vocabulary is fp32 too
 ADAPTER_STEP_FLOPS = 12.0
 
+#: a router step's trained token (train_routers) in the same units: a frozen fp32 forward for the target, the routed
+#: forward (a routed layer runs both with and without its attention) and its backward to the routers through every
+#: layer above them, and the KL over the whole vocabulary; measured on SmolLM2-135M (docs/measurements.md)
+ROUTER_STEP_FLOPS = 12.0
+
 #: the estimate's error measured on the runs above: a budget is exceeded only past it
 CPU_ESTIMATE_ERROR = 0.25
 #: the stages the plan does not model (prepare, probe_layers, report, check, page): 4:32 in the EPYC run
@@ -187,6 +192,12 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
         tokens *= row_cost(dict(adapters.corpus))
         rows.append(PlanRow("train_adapters", f"{len(adapters.models)} x {adapters.steps} steps x "
                             f"{adapters.batch_size} x {adapters.seq_len} tokens", ADAPTER_STEP_FLOPS * n * tokens, 0.0))
+    routers = cfg.routers
+    if routers.models:
+        tokens = len(routers.models) * routers.steps * routers.batch_size * routers.seq_len
+        tokens *= row_cost(dict(routers.corpus))
+        rows.append(PlanRow("train_routers", f"{len(routers.models)} x {routers.steps} steps x "
+                            f"{routers.batch_size} x {routers.seq_len} tokens", ROUTER_STEP_FLOPS * n * tokens, 0.0))
     ev = cfg.evaluate
     generated = planned = prompts = prompt_tokens = 0.0
     for task, t in ev.tasks.items():

@@ -22,7 +22,8 @@ from exitbench.config import StrictLoader
 from exitbench.errors import ExitbenchError
 
 Task = Literal["cnndm", "xsum", "humaneval", "mbpp", "topv2", "wmt", "squad"]
-Method = Literal["autoregressive", "early_exit", "self_speculative", "speculative", "calm", "swift", "kangaroo"]
+Method = Literal["autoregressive", "early_exit", "self_speculative", "speculative", "calm", "swift", "kangaroo",
+                 "mindskip"]
 HardwareKind = Literal["cpu", "gpu", "tpu"]
 
 

@@ -28,6 +28,7 @@ from exitbench.data.io import atomic_write_text
 from exitbench.decoding import REGISTRY, MethodOptions, method_class, parse_options
 from exitbench.errors import ExitbenchError
 from exitbench.models.sources import check_hub_access, sha256_file
+from exitbench.models.trained import TRAINED_FILES
 from exitbench.plan import (
     build_plan,
     check_cpu_budget,
@@ -50,7 +51,7 @@ def main() -> None:
     config.check_references(cfg, args.params, tasks=TASKS, methods=REGISTRY, parse_options=strict_options)
     staged = evaluate_stage_names(Path(args.dvc_yaml))
     check_method_stages(cfg, staged)
-    check_adapters(cfg)
+    check_trained_files(cfg)
     check_planned_exit_layers(cfg)
     plan = build_plan(cfg, lambda label: method_class(label).exact)
     for line in render_plan(cfg, plan):
@@ -128,18 +129,20 @@ def check_method_stages(cfg: config.Config, staged: list[str]) -> None:
             )
 
 
-def check_adapters(cfg: config.Config) -> None:
-    """A method that drafts through a trained adapter (an ``adapter_file`` option) has one for every model it runs
-    on: ``adapters.models`` names them (one line otherwise)."""
+def check_trained_files(cfg: config.Config) -> None:
+    """A method that reads a trained add-on (an option of ``models.trained.TRAINED_FILES``: Kangaroo's adapter,
+    MindSkip's routers) has one for every model it runs on: ``<section>.models`` names them (one line otherwise)."""
     for label in cfg.evaluate.methods:
-        if "adapter_file" not in method_class(label).Options.model_fields:
-            continue
-        runs_on = cfg.evaluate.method_models.get(label, cfg.evaluate.models)
-        if missing := [model for model in runs_on if model not in cfg.adapters.models]:
-            raise ExitbenchError(
-                f"evaluate.methods.{label} runs on {', '.join(missing)}, which adapters.models "
-                f"({', '.join(cfg.adapters.models) or 'empty'}) trains no adapter for; add them there"
-            )
+        for option in method_class(label).Options.model_fields:
+            if (made := TRAINED_FILES.get(option)) is None:
+                continue
+            trained_for = getattr(cfg, made.section).models
+            runs_on = cfg.evaluate.method_models.get(label, cfg.evaluate.models)
+            if missing := [model for model in runs_on if model not in trained_for]:
+                raise ExitbenchError(
+                    f"evaluate.methods.{label} runs on {', '.join(missing)}, which {made.section}.models "
+                    f"({', '.join(trained_for) or 'empty'}) trains no {made.what} for; add them there"
+                )
 
 
 def write_method_configs(cfg: config.Config, staged: list[str], out: Path) -> None:

@@ -11,19 +11,18 @@ layer). A killed run resumes from ``<checkpoints>/<model>``.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 from exitbench.cli import run_stage, set_threads
 from exitbench.config import load_stage, stage_view
 from exitbench.data.io import atomic_write_json
-from exitbench.errors import ExitbenchError
 from exitbench.identity import model_identity
 from exitbench.models.adapter import ADAPTER_FILE, KangarooAdapter, save_adapter
-from exitbench.models.load import load_early_exit_model, load_tokenizer
-from exitbench.models.sources import absent_role
+from exitbench.models.trained import TRAINED_FILES
 from exitbench.provenance import provenance
-from exitbench.training.adapter_training import AdapterRun, train_adapter
-from exitbench.training.corpora import build_corpus
+from exitbench.training.adapter_training import train_adapter
+from exitbench.training.frozen import prepare_run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,37 +41,20 @@ def main(argv: list[str] | None = None) -> None:
     out, reports, checkpoints = Path(args.out), Path(args.reports), Path(args.checkpoints)
     for folder in (out, reports, checkpoints):  # every output exists, with or without adapters to train
         folder.mkdir(parents=True, exist_ok=True)
-    if not cfg.adapters.models:
+    a = cfg.adapters
+    if not a.models:
         print("train_adapters: adapters.models is empty; no adapter to train")
-    for name in cfg.adapters.models:
-        model_dir = Path(args.models_dir) / name
-        if (absent := absent_role(model_dir)) is not None:
-            raise ExitbenchError(
-                f"adapters.models names '{name}', which this run has no model for "
-                f"({absent['why']}); remove it from adapters.models"
-            )
-        if not (model_dir / "config.json").exists():
-            raise ExitbenchError(
-                f"train_adapters: model '{name}' not found at {model_dir}; run `dvc repro` for the "
-                "stage that makes it (prepare_model or train) first"
-            )
-        model = load_early_exit_model(model_dir, "float32", cfg.base.device)
-        tokenizer = load_tokenizer(model_dir)
-        a = cfg.adapters
-        corpus = build_corpus(
-            a.corpus, Path(args.data), tokenizer, a.seq_len, a.steps * a.batch_size + a.held_out, cfg.base.seed
-        )
-        held_out, train = corpus.examples[: a.held_out], corpus.examples[a.held_out :]
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        run = AdapterRun(model, KangarooAdapter(model, a.exit_layer), a, train, held_out, int(pad or 0), cfg.base.seed)
+    made, build = TRAINED_FILES["adapter_file"], partial(KangarooAdapter, exit_layer=a.exit_layer)
+    for name in a.models:
+        run, counts = prepare_run(name, build, a, made, cfg.base, Path(args.models_dir), Path(args.data))
         report = train_adapter(run, checkpoints / name, progress=not args.no_progress)
         report.update(
             model=name,
-            model_key=model_identity(model_dir)[:16],
-            corpus=corpus.counts,
-            provenance=provenance(stage_view(cfg, "train_adapters"), model.device, "float32"),
+            model_key=model_identity(Path(args.models_dir) / name)[:16],
+            corpus=counts,
+            provenance=provenance(stage_view(cfg, "train_adapters"), run.model.device, "float32"),
         )
-        save_adapter(run.adapter, out / name / ADAPTER_FILE, {"model": name, "model_key": report["model_key"]})
+        save_adapter(run.module, out / name / ADAPTER_FILE, {"model": name, "model_key": report["model_key"]})
         atomic_write_json(reports / f"{name}.json", report)
         agree = report["agreement"]
         print(

@@ -21,6 +21,8 @@ def expected_files(cfg: config.Config) -> list[Path]:
     files += [Path(f"results/probe/{m}.json") for m in ("base", *cfg.train.variants)]
     files += [Path(f"models/adapters/{m}/kangaroo.pt") for m in cfg.adapters.models]
     files += [Path(f"results/adapters/{m}.json") for m in cfg.adapters.models]
+    files += [Path(f"models/routers/{m}/routers.pt") for m in cfg.routers.models]
+    files += [Path(f"results/routers/{m}.json") for m in cfg.routers.models]
     for model in cfg.evaluate.models:
         for task in cfg.evaluate.tasks:
             files += [

@@ -11,9 +11,10 @@ from exitbench.errors import ExitbenchError
 from exitbench.models.adapter import KangarooAdapter, load_adapter, save_adapter
 from exitbench.models.tiny import random_llama
 from exitbench.models.view import EarlyExitModel
-from exitbench.training import adapter_training
-from exitbench.training.adapter_training import AdapterRun, distillation_loss, train_adapter
+from exitbench.training import schedules
+from exitbench.training.adapter_training import distillation_loss, train_adapter
 from exitbench.training.corpora import Example
+from exitbench.training.frozen import FrozenRun
 from tests.decoding_helpers import greedy_tokens, prompts
 
 MAX_NEW = 24
@@ -35,7 +36,7 @@ def examples(count: int, length: int = 24, seed: int = 5) -> list[Example]:
     return rows
 
 
-def make_run(model: EarlyExitModel, steps: int, checkpoint_every: int = 100) -> AdapterRun:
+def make_run(model: EarlyExitModel, steps: int, checkpoint_every: int = 100) -> FrozenRun:
     cfg = AdaptersConfig(
         models=["tiny"],
         exit_layer=1,
@@ -47,7 +48,7 @@ def make_run(model: EarlyExitModel, steps: int, checkpoint_every: int = 100) -> 
         checkpoint_every=checkpoint_every,
         held_out=4,
     )
-    return AdapterRun(model, KangarooAdapter(model, 1), cfg, examples(32), examples(4, seed=9), 0, 1234)
+    return FrozenRun(model, KangarooAdapter(model, 1), cfg, examples(32), examples(4, seed=9), 0, 1234)
 
 
 def test_cached_forward_equals_the_whole_sequence_at_once():
@@ -100,7 +101,7 @@ def test_a_killed_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
     whole = make_run(fresh_model(), steps=6, checkpoint_every=2)
     expected = train_adapter(whole, tmp_path / "a", progress=False)
 
-    real = adapter_training.lr_factor
+    real = schedules.lr_factor
 
     def killed_at_step_5(step: int, warmup: int, total: int) -> float:
         if step == 5:
@@ -108,15 +109,15 @@ def test_a_killed_run_resumes_to_the_same_adapter(tmp_path, monkeypatch):
         return real(step, warmup, total)
 
     resumed = make_run(fresh_model(), steps=6, checkpoint_every=2)
-    monkeypatch.setattr(adapter_training, "lr_factor", killed_at_step_5)
+    monkeypatch.setattr(schedules, "lr_factor", killed_at_step_5)
     with pytest.raises(KeyboardInterrupt):
         train_adapter(resumed, tmp_path / "b", progress=False)
-    monkeypatch.setattr(adapter_training, "lr_factor", real)
+    monkeypatch.setattr(schedules, "lr_factor", real)
     again = make_run(fresh_model(), steps=6, checkpoint_every=2)  # a new process: nothing kept but the checkpoint
     report = train_adapter(again, tmp_path / "b", progress=False)
     assert report["losses"] == expected["losses"]
-    for key, value in whole.adapter.state_dict().items():
-        torch.testing.assert_close(again.adapter.state_dict()[key], value, rtol=0, atol=0)
+    for key, value in whole.module.state_dict().items():
+        torch.testing.assert_close(again.module.state_dict()[key], value, rtol=0, atol=0)
 
 
 def test_save_and_load_round_trip_and_clear_errors(tmp_path):
@@ -144,7 +145,7 @@ def test_exact_with_a_trained_adapter(tmp_path, tiny_model, floor, d):
     run = make_run(fresh_model(), steps=20)  # the fixture's weights (seed 0)
     train_adapter(run, tmp_path / "ckpt", progress=False)
     path = tmp_path / "kangaroo.pt"
-    save_adapter(run.adapter, path, {})
+    save_adapter(run.module, path, {})
     options = {"num_speculations": d, "min_confidence": floor, "adapter_file": str(path)}
     method = build_method("kangaroo", tiny_model, options)
     with torch.inference_mode():

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from exitbench.errors import ExitbenchError
+from exitbench.models.addon_io import load_state, read_module, save_module
 from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel, apply_rope, causal_mask
 
@@ -85,33 +86,14 @@ class KangarooAdapter(nn.Module):
 
 def save_adapter(adapter: KangarooAdapter, path: Path, info: dict[str, Any]) -> None:
     """The adapter's weights, exit layer and ``info`` (what it was trained on), written whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    state = {key: value.detach().cpu().clone() for key, value in adapter.state_dict().items()}
-    torch.save(
-        {"format": ADAPTER_FORMAT, "exit_layer": adapter.exit_layer, "state_dict": state, "info": info}, temporary
-    )
-    temporary.replace(path)
+    payload = {"format": ADAPTER_FORMAT, "exit_layer": adapter.exit_layer, "state_dict": adapter.state_dict()}
+    save_module(path, {**payload, "info": info})
 
 
 def load_adapter(model: EarlyExitModel, path: str | Path) -> KangarooAdapter:
     """The adapter saved at ``path`` for ``model`` (on its device and dtype); one clear error when it does not fit."""
     path = Path(path)
-    if not path.exists():
-        raise ExitbenchError(
-            f"Kangaroo adapter {path} not found; run `dvc repro train_adapters` (adapters.models "
-            "in params.yaml names the models it trains one for)"
-        )
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    if payload.get("format") != ADAPTER_FORMAT:
-        raise ExitbenchError(
-            f"{path}: adapter format {payload.get('format')}, expected {ADAPTER_FORMAT}; "
-            "rerun `dvc repro train_adapters`"
-        )
+    payload = read_module(path, ADAPTER_FORMAT, "Kangaroo adapter", "train_adapters", "adapters")
     adapter = KangarooAdapter(model, int(payload["exit_layer"]))
-    try:
-        adapter.load_state_dict(payload["state_dict"])
-    except RuntimeError as err:
-        first = str(err).splitlines()[0]
-        raise ExitbenchError(f"{path} was trained for another model ({first}); rerun `dvc repro train_adapters`")
+    load_state(adapter, payload["state_dict"], path, "train_adapters")
     return adapter.to(device=model.device, dtype=model.dtype).eval()

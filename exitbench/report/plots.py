@@ -47,6 +47,7 @@ MARKERS = {
     "layer_skip_draft": "<",
     "swift": "h",
     "kangaroo": "p",
+    "mindskip": "8",
     "depth_pruning": "d",
     "calm": "D",
 }
@@ -112,11 +113,13 @@ SHORT_METHOD = {
     "layer_skip_draft": "skip-draft",
     "swift": "SWIFT",
     "kangaroo": "Kangaroo",
+    "mindskip": "MindSkip",
     "hf_greedy": "hf greedy",
 }
 #: options shown in a point's label, by their short names (file options are provenance, not a setting to read)
 SHORT_OPTION = {"exit_layer": "E", "num_speculations": "d", "num_pruned": "-", "ngram_size": "n",
-                "lookup_speculations": "k", "draft_layers": "draft", "min_confidence": "conf", "threshold": "t"}
+                "lookup_speculations": "k", "draft_layers": "draft", "min_confidence": "conf", "threshold": "t",
+                "routing": ""}
 PlotOutput = tuple[list[Path], list[dict[str, Any]]]
 
 

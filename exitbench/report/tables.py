@@ -45,6 +45,7 @@ METHOD_ORDER = (
     "layer_skip_draft",
     "swift",
     "kangaroo",
+    "mindskip",
     "depth_pruning",
     "calm",
 )
