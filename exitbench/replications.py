@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from exitbench.config import StrictLoader
 from exitbench.errors import ExitbenchError
 
-Task = Literal["cnndm", "xsum", "humaneval", "mbpp", "topv2", "wmt", "squad"]
+#: exitbench's tasks and the papers' others; lm_eval_avg: an average over lm-evaluation-harness tasks (none run here)
+Task = Literal["cnndm", "xsum", "humaneval", "mbpp", "topv2", "wmt", "squad", "lm_eval_avg"]
 Method = Literal["autoregressive", "early_exit", "self_speculative", "speculative", "calm", "swift", "kangaroo",
                  "mindskip"]
 HardwareKind = Literal["cpu", "gpu", "tpu"]
@@ -233,6 +234,8 @@ ClaimKind = Literal[
     "calm_risk_guarantee",
     "calm_measure_order",
     "shared_compute",
+    "quality_fraction",
+    "quality_above_control",
 ]
 Bound = Literal["within", "at_most", "above"]
 
@@ -252,6 +255,8 @@ CLAIM_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...], Bound]] = {
     "calm_risk_guarantee": ((), (), "at_most"),
     "calm_measure_order": ((), ("rows", "field"), "above"),
     "shared_compute": (("method", "reference_method"), ("value",), "above"),
+    "quality_fraction": (("method", "reference_method"), ("rows", "field", "reference_field"), "within"),
+    "quality_above_control": (("method", "control_label"), ("value",), "above"),
 }
 CURVE_KINDS = ("acceptance_at_depth", "speedup_at_depth", "exit_quality_fraction")
 
@@ -295,7 +300,9 @@ class ClaimMapsTo(_Frozen):
                                                   "LayerSkip); never replaced by another model when missing")
     method: Method | None = None
     reference_method: Method | None = Field(None, description="the denominator's method (e.g. autoregressive)")
-    metric: str | None = None
+    metric: str | None = Field(None, description="None: each task's primary metric")
+    control_label: str | None = Field(None, description="the control's evaluate label, e.g. mindskip@static: the "
+                                                        "same method and model with a fixed skip set")
     kv_strategy: str | None = Field(None, description="CALM KV strategy to read (None: every one)")
 
 
@@ -339,7 +346,8 @@ class Claim(_Frozen):
 
 def claim_paper_values(claim: Claim, rows: dict[str, Row]) -> tuple[tuple[float | None, float, str], ...]:
     """The paper's values of a claim as (E/L, value, row id), one per ``paper.rows`` entry: ``field``, over
-    (``exit_quality_fraction``) or minus (``last_layer_cost``) the reference. Raises ValueError naming the key."""
+    (``exit_quality_fraction``, ``quality_fraction``) or minus (``last_layer_cost``) the reference. Raises ValueError
+    naming the key."""
     paper = claim.paper
     out = []
     for row_id in paper.rows:
@@ -349,15 +357,16 @@ def claim_paper_values(claim: Claim, rows: dict[str, Row]) -> tuple[tuple[float 
         value = row.reported_value(paper.field or "")
         if value is None:
             raise ValueError(f"'paper.field': row '{row_id}' has no value '{paper.field}'")
-        if claim.kind in ("exit_quality_fraction", "last_layer_cost"):
+        if claim.kind in ("exit_quality_fraction", "quality_fraction", "last_layer_cost"):
             ref_id = paper.reference_row or row_id
             if ref_id not in rows:
                 raise ValueError(f"'paper.reference_row': unknown row '{ref_id}' (not in this file)")
             ref_field = paper.reference_field or paper.field or ""
             reference = rows[ref_id].reported_value(ref_field)
-            if reference is None or (claim.kind == "exit_quality_fraction" and reference <= 0):
+            fraction = claim.kind != "last_layer_cost"
+            if reference is None or (fraction and reference <= 0):
                 raise ValueError(f"'paper.reference_field': row '{ref_id}' has no positive value '{ref_field}'")
-            value = value / reference if claim.kind == "exit_quality_fraction" else value - reference
+            value = value / reference if fraction else value - reference
         if claim.kind == "speculative_bound_paper":
             setting = row.setting
             if None in (row.reported.acceptance, setting.exit_layer, setting.num_speculations, setting.num_layers):

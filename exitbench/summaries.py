@@ -53,6 +53,9 @@ def summarize(
     exit_layers = [layer for _, r in ok for layer in r["decode"].get("exit_layers", [])]
     if exit_layers:
         speed["avg_exit_layer"] = sum(exit_layers) / len(exit_layers)
+    calls = [r["decode"].get("layer_calls") or {} for _, r in ok]
+    if routed := sum(c.get("routed", 0) for c in calls):  # a routed method: the share of its routed layers skipped
+        speed["skip_rate"] = sum(c.get("skipped", 0) for c in calls) / routed
     correctness: dict[str, Any] = {"exact_claimed": method.exact}
     if greedy is not None:
         timed = timed_pairs(records, greedy)
@@ -90,6 +93,8 @@ def summarize(
         )
         scored = list(zip(quality_sample, full_greedy, strict=True))
     summary["intervals"] = intervals(task, scored, records, greedy)
+    if not method.exact and greedy is not None and (decode := decode_speedup(records, greedy, task.settings.seed)):
+        summary["intervals"]["decode_speedup_vs_greedy"] = decode.to_dict()
     return summary
 
 
@@ -182,6 +187,26 @@ def paired_speedup(
         [b["num_tokens"] for _, b in timed],
         [m["wall_time_s"] for m, _ in timed],
         [m["num_tokens"] for m, _ in timed],
+        seed,
+    )
+
+
+def decode_speedup(records: Sequence[dict[str, Any]], baseline: Sequence[dict[str, Any]], seed: int) -> Interval | None:
+    """The speed-up of the decoding phase alone: ``(wall - prefill) / (tokens - 1)`` of the reference over the
+    method's, paired by prompt over the prompts both ran past their first token. A lossy method whose outputs end
+    sooner pays its prefill over fewer tokens, which the whole-generation speed-up counts against it."""
+    timed = [
+        (m, b)
+        for m, b in timed_pairs(records, baseline)
+        if m["num_tokens"] > 1 and b["num_tokens"] > 1 and "prefill_time_s" in m and "prefill_time_s" in b
+    ]
+    if not timed:
+        return None
+    return speedup_interval(
+        [b["wall_time_s"] - b["prefill_time_s"] for _, b in timed],
+        [b["num_tokens"] - 1 for _, b in timed],
+        [m["wall_time_s"] - m["prefill_time_s"] for m, _ in timed],
+        [m["num_tokens"] - 1 for m, _ in timed],
         seed,
     )
 

@@ -564,3 +564,34 @@ def test_evaluate_results_are_bounded_with_costs_timed_on_their_own_task(fake_re
         bound = {v.subject: v for v in _by_claim(fake_results)["ls-claim-spec-bound-ours"]}
         evaluate = bound["layerskip, self_speculative (evaluate)"]
         assert (evaluate.verdict != NOT_MEASURED) is measured, task
+
+
+def test_mindskip_claims_read_its_quality_beside_greedy_and_beside_its_static_control(fake_results: Path) -> None:
+    routed = [1.0] * 29 + [0.0] * 11  # 29 / 40 against greedy's 30 / 40 on the same ids
+    static = [1.0] * 20 + [0.0] * 20
+    calls = [{"layer_calls": {"routed": 15, "skipped": 6 + i % 2}} for i in range(40)]
+    _write(fake_results, _summary("layerskip", "mindskip", routed, speed={"skip_rate": 0.42}), _records(routed, calls))
+    control = _summary("layerskip", "mindskip@static", static, options={"routing": "static"}, speed={"skip_rate": 0.4})
+    _write(fake_results, {**control, "base_method": "mindskip"}, _records(static))
+    got = _by_claim(fake_results)
+    (kept,) = got["rt-claim-quality-kept"]  # the control's label is not a subject
+    assert kept.subject == "layerskip, topv2, mindskip"
+    assert kept.paper_value == pytest.approx(69.4 / 69.7)
+    expected = ratio_interval(routed, LS_AR)
+    assert (kept.ours.low, kept.ours.high) == pytest.approx((expected.low, expected.high))
+    assert kept.verdict == interval_verdict(expected, kept.band)
+    assert "mindskip skipped 42% of its routed layers" in kept.notes
+    (above,) = got["rt-claim-routing-above-static"]
+    assert above.ours.estimate == pytest.approx(9 / 40) and above.verdict == REPRODUCED
+    assert "mindskip@static skipped 40% of its routed layers" in above.notes
+    for claim in ("rt-claim-quality-kept", "rt-claim-routing-above-static"):  # plain ran no mindskip
+        assert all(v.subject.startswith("layerskip") for v in got[claim])
+
+
+def test_mindskip_claims_without_a_reference_or_control_are_not_measured(fake_results: Path) -> None:
+    _write(fake_results, _summary("calm", "mindskip", [1.0, 0.0]), _records([1.0, 0.0]))
+    got = _by_claim(fake_results)
+    (kept,) = [v for v in got["rt-claim-quality-kept"] if v.subject.startswith("calm")]
+    assert kept.verdict == NOT_MEASURED and "no autoregressive result" in kept.reasons[0]
+    (above,) = [v for v in got["rt-claim-routing-above-static"] if v.subject.startswith("calm")]
+    assert above.verdict == NOT_MEASURED and "no mindskip@static result" in above.reasons[0]

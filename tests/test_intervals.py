@@ -89,6 +89,25 @@ def test_every_summary_carries_intervals_and_labels(tiny_model, tmp_path):
     assert spec["num_samples"] == 4 and spec["intervals"]["exact_match"]["n"] == 8  # greedy's quality sample
     assert spec["intervals"]["acceptance_rate"]["estimate"] == pytest.approx(spec["speed"]["acceptance_rate"])
     assert spec["intervals"]["mismatch_rate"]["high"] == 0.0  # exact: no sample differs from greedy
+    assert "decode_speedup_vs_greedy" not in spec["intervals"]  # exact: same tokens, the whole-run ratio says it all
+    assert summaries["early_exit@1"]["intervals"]["decode_speedup_vs_greedy"]["n"] <= 4
+
+
+def test_decode_speedup_leaves_the_prefill_out():
+    from exitbench.summaries import decode_speedup
+
+    def run(wall: float, prefill: float, tokens: int) -> dict:
+        return {"wall_time_s": wall, "prefill_time_s": prefill, "num_tokens": tokens}
+
+    # the method stops after 3 tokens where greedy (timed in the same round) writes 9: per token of the whole run it
+    # looks slower (2.0 s / 3 against 5.5 s / 9), while each of its decoding steps takes half of greedy's
+    greedy_run = run(5.5, 1.5, 9)
+    method = [{"error": None, "decode": run(2.0, 1.5, 3), "reference_decode": greedy_run}] * 6
+    greedy = [{"error": None, "decode": greedy_run}] * 6
+    interval = decode_speedup(method, greedy, seed=0)
+    assert interval.estimate == pytest.approx(2.0) and interval.n == 6
+    one_token = [{"error": None, "decode": run(1.5, 1.5, 1), "reference_decode": greedy_run}] * 6  # no step to time
+    assert decode_speedup(one_token, greedy, seed=0) is None
 
 
 def test_early_exit_quality_as_a_paired_fraction_of_greedy():

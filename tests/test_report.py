@@ -844,3 +844,27 @@ def test_file_options_show_as_flags_not_paths():
                          "draft_vocab_file": ""})
     assert text == "+calibration d=8"
     assert options_text({}) == "–"
+
+
+def test_the_add_ons_training_reports_get_a_table_each(results_copy: Path, tmp_path: Path) -> None:
+    assert "## Trained add-ons" not in render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path)
+    (results_copy / "adapters").mkdir()
+    (results_copy / "adapters" / "base.json").write_text(json.dumps({
+        "exit_layer": 2, "steps": 200, "seconds": 355.2, "held_out_positions": 1010,
+        "agreement": {"early_exit": 0.044, "adapter_untrained": 0.044, "adapter_trained": 0.16},
+        "kl": {"early_exit": 16.3, "adapter_untrained": 16.3, "adapter_trained": 4.95}}))
+    (results_copy / "routers").mkdir()
+    (results_copy / "routers" / "base.json").write_text(json.dumps({
+        "granularity": "attention", "routed_layers": list(range(14, 29)), "target_capacity": 0.5,
+        "steps": 200, "seconds": 630.0, "held_out_positions": 1010,
+        "routed": {"capacity": 0.65, "agreement": 0.703, "kl": 0.343},
+        "static_control": {"skip": [14, 17, 22, 25, 26], "agreement": 0.696, "kl": 0.311}}))
+    (results_copy / "routers" / "calm.json").write_text("[1, 2]")
+    with pytest.raises(ExitbenchError, match="calm.json: expected a JSON object"):
+        load_results(results_copy)
+    (results_copy / "routers" / "calm.json").unlink()
+    readme = render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path)
+    section = readme[readme.index("## Trained add-ons"):]
+    assert "| base | 2 | 200 | 355 | 1010 | 0.044 | 0.044 | 0.160 | 16.30 | 4.95 |" in section
+    router_row = "| base | attention | 14..28 | 0.50 | 200 | 630 | 1010 | 0.65 | 0.703 | 0.34 | [14, 17, 22, 25, 26] |"
+    assert router_row in section

@@ -873,6 +873,57 @@ def shared_compute(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
+def _skip_note(result: EvalResult) -> list[str]:
+    rate = result.speed.skip_rate
+    return [] if rate is None else [f"{result.method} skipped {rate:.0%} of its routed layers"]
+
+
+def _against(ctx: _Ctx, other: Callable[[str, EvalResult], EvalResult | None], what: str, subject: str,
+             measure: Callable[[EvalResult, EvalResult, str], Measured], value: float, text: str) -> list[ClaimVerdict]:
+    """For each model and task, the claim's method (its unlabelled instance: a ``method@name`` control is no
+    subject) measured against ``other(model, result)``, on the claim's metric or the task's primary one."""
+    m = ctx.claim.maps_to
+    out = []
+    for model in ctx.models():
+        if (missing := ctx.missing(model)) is not None:
+            out.append(missing)
+            continue
+        for result in (r for r in ctx.evals(model, m.method) if r.method == m.method):
+            name = f"{model}, {result.task}, {result.method}{subject}"
+            if (reference := other(model, result)) is None:
+                out.append(ctx.not_measured(f"no {what} result on {result.task}", subject=name))
+                continue
+            metric = m.metric or result.primary or ""
+            notes = [f"metric: {metric}", *_skip_note(result), *_skip_note(reference)]
+            out.append(ctx.verdict(name, value, text, measure(result, reference, metric), source=result.source_file,
+                                   notes=list(dict.fromkeys(notes))))
+    return out
+
+
+def quality_fraction(ctx: _Ctx) -> list[ClaimVerdict]:
+    """A lossy method's quality over the reference method's (paired by sample), per model and task, against the
+    paper's fraction (``field`` over ``reference_field`` of its row)."""
+    m = ctx.claim.maps_to
+    (_, value, row_id), = claim_paper_values(ctx.claim, ctx.rows)[:1]
+    text = f"{value:.3g} (row {row_id}: {ctx.claim.paper.field} / {ctx.claim.paper.reference_field})"
+    return _against(ctx, lambda model, r: ctx.reference(model, m.reference_method, r.task), str(m.reference_method),
+                    "", lambda a, b, metric: fraction_measured(a, b, metric, ctx.records), value, text)
+
+
+def quality_above_control(ctx: _Ctx) -> list[ClaimVerdict]:
+    """The method's quality minus its control's (``control_label``: the same model and task, paired by sample),
+    in the paper's direction; each one's skip rate is a note (the claim is at the same rate)."""
+    m = ctx.claim.maps_to
+    value = ctx.claim.paper.value or 0.0
+
+    def control(model: str, result: EvalResult) -> EvalResult | None:
+        return next((r for r in ctx.evals(model, m.method, result.task) if r.method == m.control_label), None)
+
+    return _against(ctx, control, str(m.control_label), f" vs {m.control_label}",
+                    lambda a, b, metric: difference_measured(a, b, metric, ctx.records), value,
+                    f"> {value:g} (the paper's direction)")
+
+
 RULES: dict[str, Callable[[_Ctx], list[ClaimVerdict]]] = {
     "acceptance_at_depth": acceptance_at_depth,
     "speedup_at_depth": speedup_at_depth,
@@ -885,6 +936,8 @@ RULES: dict[str, Callable[[_Ctx], list[ClaimVerdict]]] = {
     "calm_risk_guarantee": calm_risk_guarantee,
     "calm_measure_order": calm_measure_order,
     "shared_compute": shared_compute,
+    "quality_fraction": quality_fraction,
+    "quality_above_control": quality_above_control,
 }
 
 

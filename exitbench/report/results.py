@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -75,6 +75,7 @@ class Speed(_Lenient):
     num_tokens: int | None = Field(None, ge=0)
     ideal_fraction: float | None = Field(None, ge=0)
     avg_exit_layer: float | None = Field(None, ge=0)
+    skip_rate: float | None = Field(None, ge=0, le=1, description="a routed method's share of routed layers skipped")
 
 
 class Correctness(_Lenient):
@@ -406,6 +407,8 @@ class Results:
     cost_models: tuple[CostModel, ...]
     trains: tuple[TrainReport, ...]
     throughput: dict[str, Any] | None = None  # results/throughput/throughput.json (exitbench.report.throughput)
+    #: the add-ons' training reports: results/adapters/<model>.json and results/routers/<model>.json, by folder
+    addons: dict[str, tuple[TrainReport, ...]] = field(default_factory=dict)
 
     def eval_models(self) -> list[str]:
         return sorted({r.model for r in self.evals})
@@ -511,6 +514,25 @@ def load_trains(root: Path) -> tuple[TrainReport, ...]:
     return tuple(reports)
 
 
+#: the add-on training stages' report folders (exitbench.models.trained)
+ADDON_FOLDERS = ("adapters", "routers")
+
+
+def load_addons(root: Path) -> dict[str, tuple[TrainReport, ...]]:
+    """Each add-on stage's training reports (``<root>/<folder>/<model>.json``), by folder; absent folders left out."""
+    out = {}
+    for folder in ADDON_FOLDERS:
+        reports = []
+        for path in sorted((root / folder).glob("*.json")):
+            data = read_json(path)
+            if not isinstance(data, dict):
+                raise ExitbenchError(f"{path}: expected a JSON object (a training report), got {type(data).__name__}")
+            reports.append(TrainReport(path.stem, data, _display_name(path, root)))
+        if reports:
+            out[folder] = tuple(reports)
+    return out
+
+
 def load_throughput(root: Path) -> dict[str, Any] | None:
     """``results/throughput/throughput.json`` (the throughput stage's rows), or None when it has not run."""
     path = root / "throughput" / "throughput.json"
@@ -536,4 +558,5 @@ def load_results(root: str | Path) -> Results:
         cost_models=load_cost_models(root),
         trains=load_trains(root),
         throughput=load_throughput(root),
+        addons=load_addons(root),
     )

@@ -10,7 +10,7 @@ import csv
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from exitbench.report.results import (
     Provenance,
     Results,
     SweepRow,
+    TrainReport,
     memory_text,
     too_few_timed,
 )
@@ -278,6 +279,11 @@ def tokens_per_sample(r: EvalResult) -> float | None:
     return r.speed.num_tokens / scored_prompts if r.speed.num_tokens is not None and scored_prompts else None
 
 
+def skip_text(r: EvalResult) -> str:
+    """`` · skips 35%``: a routed method's share of its routed layers skipped (empty for any other)."""
+    return "" if r.speed.skip_rate is None else f" · skips {fmt_pct(r.speed.skip_rate)}"
+
+
 # greedy decoding under a label of its own, timed against greedy exactly like a method (an A/A control)
 A_A_METHOD = "autoregressive@aa"
 
@@ -307,7 +313,7 @@ def eval_table(rows: list[EvalResult]) -> list[str]:
         body.append(
             [
                 r.method + (" †" if borrowed else ""),
-                options_text(r.options),
+                options_text(r.options) + skip_text(r),
                 *[fmt_estimate(quality_estimate(r, m, rows)) for m in metrics],
                 fmt(r.speed.time_per_token_ms, 2),
                 fmt_estimate(speed_estimate(r, "speedup_vs_greedy"), "x"),
@@ -982,6 +988,55 @@ def training_section(results: Results, papers: tuple[Paper, ...]) -> list[str]:
     return lines
 
 
+def _adapter_row(report: TrainReport) -> list[str]:
+    d = report.data
+    agree, kl = d.get("agreement", {}), d.get("kl", {})
+    return [report.variant, str(d.get("exit_layer")), str(d.get("steps")), fmt(d.get("seconds"), 0),
+            str(d.get("held_out_positions")), fmt(agree.get("early_exit"), 3), fmt(agree.get("adapter_untrained"), 3),
+            fmt(agree.get("adapter_trained"), 3), fmt(kl.get("early_exit"), 2), fmt(kl.get("adapter_trained"), 2)]
+
+
+def _router_row(report: TrainReport) -> list[str]:
+    d = report.data
+    routed, control = d.get("routed", {}), d.get("static_control", {})
+    layers = d.get("routed_layers") or []
+    span = f"{layers[0]}..{layers[-1]}" if layers else "–"
+    return [report.variant, str(d.get("granularity")), span, fmt(d.get("target_capacity"), 2), str(d.get("steps")),
+            fmt(d.get("seconds"), 0), str(d.get("held_out_positions")), fmt(routed.get("capacity"), 2),
+            fmt(routed.get("agreement"), 3), fmt(routed.get("kl"), 2), str(control.get("skip")),
+            fmt(control.get("agreement"), 3), fmt(control.get("kl"), 2)]
+
+
+#: each add-on stage's report folder: (title, header, row)
+ADDON_TABLES: dict[str, tuple[str, list[str], Callable[[TrainReport], list[str]]]] = {
+    "adapters": (
+        "Kangaroo adapters (`train_adapters`): held-out top-1 agreement with the full model, and KL, of the adapter "
+        "before and after training beside plain early exit at the same layer (its control)",
+        ["model", "E", "steps", "seconds", "positions", "agree: early exit", "adapter untrained", "adapter trained",
+         "KL: early exit", "adapter trained"],
+        _adapter_row,
+    ),
+    "routers": (
+        "MindSkip routers (`train_routers`): on held-out text, the share of routed attention run (capacity), top-1 "
+        "agreement with the full model and KL, beside the static control (the most-skipped layers, every input)",
+        ["model", "granularity", "routed", "target", "steps", "seconds", "positions", "capacity", "agreement", "KL",
+         "static skip", "static agreement", "static KL"],
+        _router_row,
+    ),
+}
+
+
+def addons_section(results: Results) -> list[str]:
+    """The add-ons trained on frozen models (adapters, routers): one table per stage, from their reports."""
+    if not results.addons:
+        return []
+    lines = ["## Trained add-ons", ""]
+    for folder, reports in results.addons.items():
+        title, header, row = ADDON_TABLES[folder]
+        lines += [f"{title}:", "", *markdown_table(header, [row(r) for r in reports]), ""]
+    return lines
+
+
 def _shape_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
@@ -1107,6 +1162,7 @@ def render_readme(
         *probe_section(results),
         *calibration_section(results),
         *training_section(results, papers),
+        *addons_section(results),
         *throughput_section(results.throughput),
         *prediction_section(results, papers),
         *plots_section(plot_files, out_dir),
