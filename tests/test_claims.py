@@ -595,3 +595,15 @@ def test_mindskip_claims_without_a_reference_or_control_are_not_measured(fake_re
     assert kept.verdict == NOT_MEASURED and "no autoregressive result" in kept.reasons[0]
     (above,) = [v for v in got["rt-claim-routing-above-static"] if v.subject.startswith("calm")]
     assert above.verdict == NOT_MEASURED and "no mindskip@static result" in above.reasons[0]
+
+
+def test_mindskip_claims_on_a_task_the_model_cannot_do_are_not_measured(fake_results: Path) -> None:
+    zeros = [0.0] * 8
+    for model, method in (("calm", "autoregressive"), ("calm", "mindskip"), ("calm", "mindskip@static")):
+        summary = {**_summary(model, method, zeros), "base_method": method.split("@")[0]}
+        _write(fake_results, summary, _records(zeros))
+    got = _by_claim(fake_results)
+    for claim in ("rt-claim-quality-kept", "rt-claim-routing-above-static"):
+        (verdict,) = [v for v in got[claim] if v.subject.startswith("calm")]
+        assert verdict.verdict == NOT_MEASURED
+        assert "scores 0 exact_match on topv2 with every layer" in verdict.reasons[0]

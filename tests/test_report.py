@@ -860,7 +860,7 @@ def test_the_add_ons_training_reports_get_a_table_each(results_copy: Path, tmp_p
         "routed": {"capacity": 0.65, "agreement": 0.703, "kl": 0.343},
         "static_control": {"skip": [14, 17, 22, 25, 26], "agreement": 0.696, "kl": 0.311}}))
     (results_copy / "routers" / "calm.json").write_text("[1, 2]")
-    with pytest.raises(ExitbenchError, match="calm.json: expected a JSON object"):
+    with pytest.raises(ExitbenchError, match=r"calm\.json: expected a JSON object"):
         load_results(results_copy)
     (results_copy / "routers" / "calm.json").unlink()
     readme = render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path)

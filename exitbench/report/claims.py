@@ -894,6 +894,12 @@ def _against(ctx: _Ctx, other: Callable[[str, EvalResult], EvalResult | None], w
                 out.append(ctx.not_measured(f"no {what} result on {result.task}", subject=name))
                 continue
             metric = m.metric or result.primary or ""
+            greedy = ctx.reference(model, "autoregressive", result.task)
+            full = quality_interval(greedy, metric, ctx.records).interval if greedy is not None else None
+            if full is not None and full.high == 0:
+                why = f"'{model}' scores 0 {metric} on {result.task} with every layer (greedy): no quality to keep"
+                out.append(ctx.not_measured(why, subject=name))
+                continue
             notes = [f"metric: {metric}", *_skip_note(result), *_skip_note(reference)]
             out.append(ctx.verdict(name, value, text, measure(result, reference, metric), source=result.source_file,
                                    notes=list(dict.fromkeys(notes))))
