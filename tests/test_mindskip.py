@@ -217,3 +217,30 @@ def test_save_and_load_round_trip_and_clear_errors(tmp_path):
         load_routers(model, path)
     with pytest.raises(ExitbenchError, match="router_file"):
         build_method("mindskip", model, {})
+
+
+def test_the_stage_without_routers_still_writes_every_output(tmp_path):
+    """A profile that trains no routers (the cpu profile): every DVC output of train_routers exists, none empty."""
+    import json
+
+    from exitbench.config import Config, stage_view
+    from pipelines.train_routers import main
+
+    config = tmp_path / "train_routers.json"
+    config.write_text(json.dumps(stage_view(Config(profile="cpu"), "train_routers")))
+    out, checkpoints, reports = tmp_path / "routers", tmp_path / "ckpt", tmp_path / "reports"
+    main(["--config", str(config), "--models-dir", str(tmp_path / "models"), "--data", str(tmp_path / "data"),
+          "--out", str(out), "--checkpoints", str(checkpoints), "--reports", str(reports)])  # fmt: skip
+    assert json.loads((out / "routers.json").read_text()) == {"routers": {}}
+    assert checkpoints.is_dir() and reports.is_dir()
+
+
+def test_configure_names_the_models_a_method_has_no_routers_for():
+    from exitbench.config import resolve
+    from tests.test_config import configure_stage
+
+    methods = {"autoregressive": {}, "mindskip": {}}
+    cfg = resolve({"evaluate": {"models": ["base", "layerskip"], "methods": methods}, "routers": {"models": ["base"]}})
+    with pytest.raises(ExitbenchError, match=r"mindskip runs on layerskip, which routers\.models \(base\) trains no"):
+        configure_stage().check_trained_files(cfg)
+    configure_stage().check_trained_files(resolve({**cfg.model_dump(), "routers": {"models": ["base", "layerskip"]}}))
