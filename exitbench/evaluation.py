@@ -43,6 +43,7 @@ from exitbench.models.trained import TRAINED_FILES
 from exitbench.models.view import EarlyExitModel
 from exitbench.prompts import TaskBatch, encode_prompt, load_samples, stop_rule, uses_chat_template
 from exitbench.provenance import provenance
+from exitbench.recompute_notice import announce_recompute
 from exitbench.records import RecordFile, Shard, merge_shards, stage_dir, stored_records
 from exitbench.stage_plan import (
     BASELINE,
@@ -349,7 +350,15 @@ def file_option_key(value: str) -> str:
 
 def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options: dict[str, Any], chat: bool) -> str:
     """The key of everything a stored record of ``label`` was made with (see :class:`RecordFile`)."""
-    settings = {
+    settings = settings_of(cfg, ctx, task, label, options, chat)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def settings_of(
+    cfg: Config, ctx: EvalContext, task: Task, label: str, options: dict[str, Any], chat: bool
+) -> dict[str, Any]:
+    """Everything a stored record of ``label`` is made with, part by part (its summary states them)."""
+    return {
         "model": ctx.model_key,
         "code": method_code_identity(method_class(label))[:16],
         "timing": timing_protocol(ctx.model.device.type),
@@ -363,7 +372,6 @@ def settings_key(cfg: Config, ctx: EvalContext, task: Task, label: str, options:
         "chat_template": chat,
         "seed": cfg.base.seed,
     }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def method_options(
@@ -432,8 +440,10 @@ def evaluate_stage(
     calibration = calibration_for(labels, ctx, task, data_dir, target)
     runs: dict[str, tuple[DecodingMethod, RecordFile]] = {}
     options_of: dict[str, dict[str, Any]] = {}
+    settings: dict[str, dict[str, Any]] = {}
     for label in labels:
         options = method_options(cfg, label, draft_vocab, calibration, trained_files_for(ctx, label))
+        settings[label] = settings_of(cfg, ctx, task, label, options, chat)
         key = settings_key(cfg, ctx, task, label, options, chat)
         method = build_method(label, ctx.model, options, draft_model=ctx.draft)
         runs[label] = (method, RecordFile(shard.records_path(target / f"{label}.jsonl"), key))
@@ -452,6 +462,9 @@ def evaluate_stage(
             references[label]["framework_reference_decode"] = own
     limits = sample_limits({label: method for label, (method, _) in runs.items()}, len(samples), timing_samples)
     limits = capped_limits(limits, cfg.evaluate.method_samples)
+    if shard.rank == 0:  # before the first sample: say so when stored results of other settings are recomputed
+        records_of = {label: records for label, (_, records) in runs.items()}
+        announce_recompute(f"evaluate@{stage} {ctx.name}/{task_name}", target, settings, records_of, batch, limits)
     warm = ctx.model.device.type == "cuda"
     run_args = {"references": references, "reference_limit": reference_sample_size(task_cfg), "warm_each_sample": warm}
     if shard.world > 1:
@@ -480,6 +493,7 @@ def evaluate_stage(
         summary.update(task=task_name, method=label, base_method=base_method(label), model=ctx.name, stage=stage)
         summary.update(options=options_of[label], dtype=cfg.base.dtype, chat_template=chat)
         summary["settings_key"] = records.key  # which of the store's records (it may hold other settings') are these
+        summary["settings"] = settings[label]  # what that key hashes, part by part (what a later run compares)
         if (memory := getattr(method, "extra_memory", lambda: None)()) is not None:
             summary["extra_memory"] = memory  # a separate draft model's weights and cache, beside the model
         if (chosen := getattr(method, "calibration_summary", lambda: None)()) is not None:
