@@ -9,6 +9,7 @@ Every model output is HTML-escaped: it is text a model wrote, shown, never inter
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,22 @@ document.querySelectorAll("table").forEach(table => {
 });
 """
 
+_IMAGE_SCRIPT = """
+document.querySelectorAll("img").forEach(img => {
+  const mark = () => {
+    img.dataset.loaded = img.naturalWidth > 0 ? "yes" : "no";
+    if (img.naturalWidth === 0) img.insertAdjacentText("afterend", " [missing image: " + img.getAttribute("src") + "]");
+  };
+  if (img.complete) mark(); else { img.addEventListener("load", mark); img.addEventListener("error", mark); }
+});
+window.addEventListener("load", () => document.querySelectorAll("h1[id], h2[id], h3[id]").forEach(h => {
+  h.dataset.y = Math.round(h.getBoundingClientRect().top + window.scrollY);  // where a section starts (screenshots)
+}));
+"""
+
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1400px; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 13px; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 13px; display: block; overflow-x: auto; }
 th, td { border: 1px solid #ccc; padding: 3px 7px; vertical-align: top; }
 th { background: #f2f2f2; cursor: pointer; }
 td.out { font-family: ui-monospace, monospace; white-space: pre-wrap; max-width: 420px; }
@@ -63,8 +77,32 @@ class Shown:
 
 
 def render_markdown(text: str) -> str:
-    """CommonMark with tables, raw HTML off (the report's text is ours, but stays data)."""
-    return MarkdownIt("commonmark", {"html": False}).enable("table").render(text)
+    """CommonMark with tables, raw HTML off (the report's text is ours, but stays data); every heading gets a
+    unique id from its text, a sub-heading after its section's (``quality-speed-and-exactness-per-task-topv2``),
+    so a link can point at one table."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = md.parse(text)
+    parents: dict[int, str] = {}  # level -> the id of the last heading of that level
+    used: set[str] = set()
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open":
+            level = int(token.tag[1])
+            above = [parents[k] for k in sorted(parents) if k < level and k > 1]  # h1 is the page's title
+            name = slug(tokens[index + 1].content)
+            wanted = f"{above[-1]}-{name}" if level > 2 and above else name  # topv2 under its section's id
+            anchor, repeat = wanted, 0
+            while anchor in used:
+                repeat += 1
+                anchor = f"{wanted}-{repeat}"
+            used.add(anchor)
+            parents = {k: v for k, v in parents.items() if k < level} | {level: anchor}
+            token.attrSet("id", anchor)
+    return md.renderer.render(tokens, md.options, {})
+
+
+def slug(title: str) -> str:
+    """A heading's anchor: lower case, words joined by '-', nothing else (GitHub's anchors, near enough)."""
+    return "-".join(re.findall(r"[a-z0-9]+", title.lower()))
 
 
 def _records(path: Path) -> dict[str, dict[str, Any]]:
@@ -126,7 +164,8 @@ def _outputs_table(model: str, task_name: str, shown: list[Shown]) -> str:
             cells.append(f'<td class="out{kind}">{html.escape(text + note)}</td>')
         rows.append(f"<tr><td>{html.escape(item.sample_id)}</td><td class=\"out\">…{html.escape(item.prompt)}</td>"
                     f"<td class=\"out\">{html.escape(item.reference)}</td>{''.join(cells)}</tr>")
-    return (f"<h3>{html.escape(model)} / {html.escape(task_name)}</h3>\n<table><thead><tr><th>sample</th>"
+    return (f'<h3 id="outputs-{slug(model + " " + task_name)}">{html.escape(model)} / {html.escape(task_name)}</h3>'
+            f"\n<table><thead><tr><th>sample</th>"
             f"<th>prompt (end)</th><th>reference</th>{head}</tr></thead><tbody>\n" + "\n".join(rows)
             + "\n</tbody></table>")
 
@@ -134,7 +173,7 @@ def _outputs_table(model: str, task_name: str, shown: list[Shown]) -> str:
 def render_page(results_dir: Path, data_dir: Path, seed: int) -> str:
     """The whole page: navigation, the report, the check, then the outputs of every (model, task)."""
     parts = []
-    for name, title in (("README.md", "Results"), ("check.md", "Against the papers")):
+    for name, title in (("check.md", "Against the papers"), ("README.md", "Results")):
         path = results_dir / name
         if path.exists():
             parts.append(f'<section id="{name.split(".")[0].lower()}"><h1>{title}</h1>'
@@ -147,11 +186,11 @@ def render_page(results_dir: Path, data_dir: Path, seed: int) -> str:
         parts.append('<section id="outputs"><h1>Outputs side by side</h1><p>The first samples of each (model, '
                      "task), identical for every method; green: the primary metric is 1, red: 0.</p>"
                      + "\n".join(tables) + "</section>")
-    nav = ('<nav><a href="#readme">Results</a><a href="#check">Against the papers</a>'
+    nav = ('<nav><a href="#check">Against the papers</a><a href="#readme">Results</a>'
            '<a href="#outputs">Outputs</a></nav>')
     return (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>exitbench results</title>"
             f"<style>{_STYLE}</style></head>\n<body>{nav}\n" + "\n".join(parts)
-            + f"\n<script>{_SORT_SCRIPT}</script>\n</body></html>\n")
+            + f"\n<script>{_SORT_SCRIPT}{_IMAGE_SCRIPT}</script>\n</body></html>\n")
 
 
 def write_page(results_dir: str | Path, data_dir: str | Path, out: str | Path, seed: int) -> Path:
@@ -162,4 +201,5 @@ def write_page(results_dir: str | Path, data_dir: str | Path, out: str | Path, s
 def page_summary(path: Path) -> str:
     """What a written page holds, for the stage's log line."""
     text = path.read_text()
-    return f"{text.count('<table>')} tables, {text.count('<h3>')} output tables, {len(text.encode()) // 1024} KiB"
+    outputs = text.count('<h3 id="outputs-')
+    return f"{text.count('<table>')} tables, {outputs} output tables, {len(text.encode()) // 1024} KiB"
