@@ -465,6 +465,8 @@ def _why(v: Verdict) -> str:
 
 
 def _verdict_table(verdicts: list[Verdict]) -> list[str]:
+    if not verdicts:
+        return ["_No published figure of this file is checked (its claims are in the table above)._"]
     lines = [
         "| row | source | paper setting | paper | our model | ours | ours/paper | tol. | verdict | why / notes |",
         "|---|---|---|---:|---|---:|---:|---:|---|---|",
