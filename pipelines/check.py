@@ -13,9 +13,10 @@ import sys
 from exitbench.config import load_stage
 from exitbench.errors import ExitbenchError
 from exitbench.replications import load_replications
-from exitbench.report.check import run_check, summarize, write_check
+from exitbench.report.check import run_check
 from exitbench.report.claims import run_claims
 from exitbench.report.results import load_results
+from exitbench.report.verdicts import split, summarize, write_check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,14 +31,15 @@ def main(argv: list[str] | None = None) -> int:
         papers = load_replications(args.replications)
         results = load_results(args.results)
         tolerance = cfg.check.default_tolerance
-        verdicts = run_check(papers, results, tolerance)
-        claims = run_claims(papers, results)
-        md_path, json_path = write_check(verdicts, papers, args.out, tolerance, cfg.profile, claims)
+        verdicts = [*run_claims(papers, results), *run_check(papers, results, tolerance)]
+        md_path, json_path = write_check(verdicts, papers, args.out, tolerance, cfg.profile, args.replications)
     except ExitbenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    counts = ", ".join(f"{name}: {n}" for name, n in summarize([*claims, *verdicts]).items())
-    print(f"check: {len(claims)} claim and {len(verdicts)} figure verdicts ({counts}) -> {md_path}, {json_path}")
+    claims, own, figures = split(verdicts)
+    counts = ", ".join(f"{name}: {n}" for name, n in summarize([*claims, *figures]).items())
+    print(f"check: {len(claims)} claim and {len(figures)} figure verdicts ({counts}; {len(own)} on the papers' own "
+          f"consistency, apart) -> {md_path}, {json_path}")
     return 0
 
 

@@ -38,7 +38,8 @@ def cell(claim: dict[str, Any] | None) -> str:
 
 def table(checks: dict[str, dict[str, Any]]) -> list[str]:
     names = list(checks)
-    by_run = {name: {c["claim"]: c for c in check.get("claims", [])} for name, check in checks.items()}
+    by_run = {name: {c["id"]: c for c in check.get("verdicts", []) if c.get("kind") != "figure"}
+              for name, check in checks.items()}  # fmt: skip
     claims = sorted({claim for found in by_run.values() for claim in found})
     lines = ["| claim | paper | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for claim in claims:

@@ -84,7 +84,8 @@ def check_experiment(copy: Path, name: str, experiment: config.Experiment) -> li
     check = json.loads((copy / "results/check.json").read_text()) if (copy / "results/check.json").exists() else {}
     verdicts: dict[str, list[dict]] = {}
     for row in check.get("verdicts", []):
-        verdicts.setdefault(row["row_id"], []).append(row)
+        if row.get("kind") == "figure":
+            verdicts.setdefault(row["id"], []).append(row)
     for row_id in experiment.rows:
         got = verdicts.get(row_id)
         if not got:

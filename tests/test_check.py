@@ -12,18 +12,20 @@ import pytest
 
 from exitbench.errors import ExitbenchError
 from exitbench.replications import Setting, load_paper, load_replications
-from exitbench.report.check import (
+from exitbench.report.check import OurSetting, hardware_kind, incomparability, run_check
+from exitbench.report.results import EvalResult, load_results
+from exitbench.report.verdicts import (
+    FIGURE,
+    INCONCLUSIVE,
     NOT_COMPARABLE,
     NOT_MEASURED,
     NOT_REPRODUCED,
     REPRODUCED,
-    OurSetting,
-    hardware_kind,
-    incomparability,
-    run_check,
-    speedup_verdict,
+    interval_verdict,
+    point,
+    relative_band,
 )
-from exitbench.report.results import EvalResult, load_results
+from exitbench.stats import Interval
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "results"
@@ -39,26 +41,34 @@ def _row(row_id: str):
 # ------------------------------------------------------------------------------------------ verdict rule
 
 
+def speedup_verdict(ours: float, reported: float, tolerance: float) -> str:
+    """A figure's rule on a point value: ours inside reported ± tolerance x reported."""
+    return interval_verdict(point(ours, 32), relative_band(reported, tolerance))
+
+
 @pytest.mark.parametrize("reported", [2.16, 1.82, 2.0, 1.86, 3.53, 0.7])
 @pytest.mark.parametrize("tolerance", [0.15, 0.1, 0.05, 0.0])
 def test_exactly_at_tolerance_is_reproduced(reported: float, tolerance: float) -> None:
     for ours in (reported * (1 + tolerance), reported * (1 - tolerance)):
-        verdict, ratio = speedup_verdict(ours, reported, tolerance)
-        assert verdict == REPRODUCED
-        assert ratio == pytest.approx(ours / reported)
+        assert speedup_verdict(ours, reported, tolerance) == REPRODUCED
 
 
 @pytest.mark.parametrize("reported", [2.16, 1.82, 2.0, 1.86])
 def test_just_beyond_tolerance_is_not_reproduced(reported: float) -> None:
     for ours in (reported * (1.15 + 1e-6), reported * (0.85 - 1e-6)):
-        verdict, ratio = speedup_verdict(ours, reported, 0.15)
-        assert verdict == NOT_REPRODUCED
-        assert abs(ratio - 1) > 0.15
+        assert speedup_verdict(ours, reported, 0.15) == NOT_REPRODUCED
 
 
 def test_inside_tolerance_and_far_outside() -> None:
-    assert speedup_verdict(2.0, 2.0, 0.15) == (REPRODUCED, 1.0)
-    assert speedup_verdict(1.0, 2.0, 0.15) == (NOT_REPRODUCED, 0.5)
+    assert speedup_verdict(2.0, 2.0, 0.15) == REPRODUCED
+    assert speedup_verdict(1.0, 2.0, 0.15) == NOT_REPRODUCED
+
+
+def test_a_figure_is_judged_on_our_interval_like_a_claim() -> None:
+    band = relative_band(2.0, 0.15)  # [1.7, 2.3]
+    assert interval_verdict(Interval(2.0, 1.8, 2.2, 64), band) == REPRODUCED
+    assert interval_verdict(Interval(2.2, 2.1, 2.4, 64), band) == INCONCLUSIVE  # straddles 2.3
+    assert interval_verdict(Interval(1.2, 1.1, 1.3, 64), band) == NOT_REPRODUCED
 
 
 # ------------------------------------------------------------------------------------------ comparability
@@ -112,21 +122,21 @@ def test_paper_without_a_size_is_not_comparable() -> None:
 def test_every_headline_figure_gets_a_verdict_with_our_figure() -> None:
     verdicts = run_check(PAPERS, load_results(FIXTURES), 0.15)
     for row_id, reported in HEADLINES.items():
-        mine = [v for v in verdicts if v.row_id == row_id]
+        mine = [v for v in verdicts if v.claim_id == row_id]
         assert mine, row_id
         for v in mine:
-            assert v.headline and v.reported == reported
+            assert v.headline and v.paper_value == reported and v.kind == FIGURE
             assert v.verdict == NOT_COMPARABLE  # a 135M model on a CPU vs the paper's GPU models
-            assert v.ours is not None and v.ratio == pytest.approx(v.ours / reported)
+            assert v.ours is not None and v.ratio == pytest.approx(v.ours.estimate / reported)
             assert any(r.startswith("hardware:") for r in v.reasons)
-    topv2 = {v.model: v for v in verdicts if v.row_id == "ls-t6-llama-1.5b-topv2-self-spec-e6"}
+    topv2 = {v.model: v for v in verdicts if v.claim_id == "ls-t6-llama-1.5b-topv2-self-spec-e6"}
     assert set(topv2) == {"base", "layerskip"}
-    assert topv2["layerskip"].ours == pytest.approx(21.4 / 14.1)
+    assert topv2["layerskip"].ours.estimate == pytest.approx(21.4 / 14.1)
     assert "E differs: ours 8, paper 6" in topv2["layerskip"].notes
 
 
 def test_unmeasured_rows_and_ablations_say_why() -> None:
-    verdicts = {v.row_id: v for v in run_check(PAPERS, load_results(FIXTURES), 0.15)}
+    verdicts = {v.claim_id: v for v in run_check(PAPERS, load_results(FIXTURES), 0.15)}
     xsum = verdicts["ls-t3-llama2-7b-xsum-self-spec"]
     assert xsum.verdict == NOT_MEASURED and xsum.ours is None
     assert "no result for task 'xsum'" in xsum.reasons[0]
@@ -158,9 +168,10 @@ def _gpu_results(speedup: float):
                                                   (2.0 * 1.16, NOT_REPRODUCED), (1.2, NOT_REPRODUCED)])
 def test_comparable_measurement_gets_a_tolerance_verdict(speedup: float, verdict: str) -> None:
     verdicts = run_check(PAPERS, _gpu_results(speedup), 0.15)
-    mine = next(v for v in verdicts if v.row_id == "ls-t6-llama-1.5b-topv2-self-spec-e6" and v.model == "layerskip")
+    mine = next(v for v in verdicts if v.claim_id == "ls-t6-llama-1.5b-topv2-self-spec-e6" and v.model == "layerskip")
     assert mine.verdict == verdict and mine.reasons == ()
     assert mine.ratio == pytest.approx(speedup / 2.0)
+    assert f"ours/paper {speedup / 2.0:.2f}" in mine.notes
     assert not any("differs" in n for n in mine.notes)
 
 
@@ -170,7 +181,7 @@ def test_row_tolerance_overrides_the_default() -> None:
                  for r in paper.rows)
     papers = (paper.model_copy(update={"rows": rows}),)
     mine = next(v for v in run_check(papers, _gpu_results(1.2), 0.15)
-                if v.row_id == "ls-t6-llama-1.5b-topv2-self-spec-e6" and v.model == "layerskip")
+                if v.claim_id == "ls-t6-llama-1.5b-topv2-self-spec-e6" and v.model == "layerskip")
     assert mine.tolerance == 0.5 and mine.verdict == REPRODUCED
 
 
@@ -233,16 +244,24 @@ def test_check_cli_writes_markdown_and_json(tmp_path: Path) -> None:
     code, out = _cli(tmp_path, FIXTURES)
     assert code == 0  # misses and incomparable rows are results, not failures
     report = json.loads((out / "check.json").read_text())
-    assert sum(report["summary"].values()) == len(report["verdicts"]) + len(report["claims"])
-    assert sum(report["summary_claims"].values()) == len(report["claims"]) > 0
-    assert sum(report["summary_figures"].values()) == len(report["verdicts"])
+    figures = [v for v in report["verdicts"] if v["kind"] == "figure"]
+    own = [v for v in report["verdicts"] if v["kind"] == "speculative_bound_paper"]
+    claims = [v for v in report["verdicts"] if v not in figures and v not in own]
+    assert own and sum(report["summary_paper_consistency"].values()) == len(own)  # counted apart
+    assert sum(report["summary"].values()) == len(figures) + len(claims)
+    assert sum(report["summary_claims"].values()) == len(claims) > 0
+    assert sum(report["summary_figures"].values()) == len(figures)
     assert {key.split("/")[0] for key in report["headline"]} == set(HEADLINES)
     claim_ids = {c.id for paper in PAPERS for c in paper.claims}
-    assert {c["claim"] for c in report["claims"]} == claim_ids  # every claim gets at least one verdict
+    assert {c["id"] for c in [*claims, *own]} == claim_ids  # every claim gets at least one verdict
     markdown = (out / "check.md").read_text()
-    assert markdown.index("## Claims") < markdown.index("## Published figures") < markdown.index("### Headline")
-    assert "| `ls-t6-llama-1.5b-topv2-self-spec-e6` ★ |" in markdown
+    assert markdown.index("## Claims") < markdown.index("## The papers' own consistency") < markdown.index(
+        "## Published figures") < markdown.index("### Headline")
+    assert "| `ls-t6-llama-1.5b-topv2-self-spec-e6` ★: Llama 1.5B" in markdown
     assert "**not comparable** | hardware: paper on H100 (GPU)" in markdown
+    rules = markdown.split("[replications/README.md](")[1].split(")")[0]
+    assert (out / rules.split("#")[0]).resolve() == REPO / "replications" / "README.md"
+    assert "## Verdict rules" in (REPO / "replications" / "README.md").read_text()
 
 
 def test_check_cli_broken_input_is_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,25 +14,19 @@ import pytest
 from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import claim_paper_values, load_paper, load_replications
-from exitbench.report.check import (
+from exitbench.report.check import run_check
+from exitbench.report.claims import claim_band, clopper_pearson, hoeffding, interpolate, run_claims
+from exitbench.report.results import MIN_SPEED_PROMPTS, load_results
+from exitbench.report.tables import Estimate, fmt_estimate
+from exitbench.report.verdicts import (
     INCONCLUSIVE,
     NOT_COMPARABLE,
     NOT_MEASURED,
     NOT_REPRODUCED,
     REPRODUCED,
     Band,
-    run_check,
-)
-from exitbench.report.claims import (
-    claim_band,
-    clopper_pearson,
-    hoeffding,
-    interpolate,
     interval_verdict,
-    run_claims,
 )
-from exitbench.report.results import MIN_SPEED_PROMPTS, load_results
-from exitbench.report.tables import Estimate, fmt_estimate
 from exitbench.stats import Interval, mean_interval, ratio_interval
 
 REPO = Path(__file__).resolve().parent.parent
@@ -413,9 +407,10 @@ def test_a_speed_up_timed_on_too_few_prompts_is_shown_and_not_judged(fake_result
     (acceptance,) = _by_claim(fake_results)["ls-claim-acceptance-vs-depth"]  # not a speed-up: still judged
     assert acceptance.verdict == REPRODUCED
 
+    self_spec = {row.id for paper in PAPERS for row in paper.rows if row.maps_to.method == "self_speculative"}
     figures = [v for v in run_check(PAPERS, load_results(fake_results), 0.15)
-               if v.method == "self_speculative" and v.model == "layerskip"]
-    assert figures and all(v.verdict == NOT_MEASURED and v.ours == pytest.approx(1.7) for v in figures)
+               if v.claim_id in self_spec and v.model == "layerskip"]
+    assert figures and all(v.verdict == NOT_MEASURED and v.ours.estimate == pytest.approx(1.7) for v in figures)
     assert all("fewer than the 16" in v.reasons[0] for v in figures)
 
     enough = {"speedup_vs_greedy": {**few["speedup_vs_greedy"], "n": MIN_SPEED_PROMPTS}}
@@ -480,14 +475,15 @@ def test_check_cli_opens_with_the_claims_table(tmp_path: Path, fake_results: Pat
     assert main(["--config", str(config), "--results", str(fake_results), "--replications",
                  str(REPO / "replications"), "--out", str(out)]) == 0
     report = json.loads((out / "check.json").read_text())
-    assert sum(report["summary"].values()) == len(report["claims"]) + len(report["verdicts"])
+    own = sum(report["summary_paper_consistency"].values())
+    assert sum(report["summary"].values()) + own == len(report["verdicts"])
     assert report["summary_claims"][INCONCLUSIVE] >= 1
-    claim = next(c for c in report["claims"] if c["claim"] == "ls-claim-acceptance-vs-depth")
+    claim = next(c for c in report["verdicts"] if c["id"] == "ls-claim-acceptance-vs-depth")
     assert claim["verdict"] == REPRODUCED and claim["ours"]["n"] == N and claim["band"]["text"] == "[0.84, 0.94]"
     markdown = (out / "check.md").read_text()
     claims_at, figures_at = markdown.index("## Claims"), markdown.index("## Published figures")
     assert claims_at < figures_at
-    header = "| claim | source | paper value | ours (interval, n) | tol. | verdict | note |"
+    header = "| claim or row | source | paper | ours (interval, n) | tol. | verdict | note |"
     assert claims_at < markdown.index(header) < figures_at
     assert "`ls-claim-acceptance-vs-depth`: layerskip, topv2, self_speculative E=12/30" in markdown
 

@@ -33,18 +33,7 @@ from scipy.stats import binomtest
 from exitbench.cost_model import SUBVOCAB_TAG, predict_speedup
 from exitbench.records import read_records
 from exitbench.replications import Claim, Paper, Row, claim_paper_values, paper_measure_order
-from exitbench.report.check import (
-    INCONCLUSIVE,
-    NOT_COMPARABLE,
-    NOT_MEASURED,
-    NOT_REPRODUCED,
-    REPRODUCED,
-    Band,
-    ClaimVerdict,
-    base_method,
-    incomparability,
-    our_setting_of_eval,
-)
+from exitbench.report.check import base_method, incomparability, our_setting_of_eval
 from exitbench.report.results import (
     MIN_SPEED_PROMPTS,
     CostSet,
@@ -55,9 +44,20 @@ from exitbench.report.results import (
     memory_text,
     too_few_timed,
 )
+from exitbench.report.verdicts import (
+    EDGE,
+    INCONCLUSIVE,
+    NOT_COMPARABLE,
+    NOT_MEASURED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Band,
+    Verdict,
+    interval_verdict,
+    point,
+)
 from exitbench.stats import CONFIDENCE, Interval, mean_interval, paired_interval, ratio_interval, speedup_interval
 
-_EDGE = 1e-9  # floating-point slack so that exactly-at-the-edge counts as inside
 CONTROL_NOTE = ("the same finetune without LayerSkip's layer dropout and early-exit loss: not trained or not "
                 "evaluated in this profile; the untrained base is not a substitute")
 
@@ -76,31 +76,16 @@ def claim_band(claim: Claim, value: float) -> Band:
     return Band(value + claim.tolerance, math.inf, open_low=True)
 
 
-def interval_verdict(ours: Interval, band: Band) -> str:
-    """reproduced: ``ours`` inside ``band``; not reproduced: entirely outside; inconclusive: it straddles."""
-    above_low = ours.low > band.low if band.open_low else ours.low >= band.low - _EDGE
-    if above_low and ours.high <= band.high + _EDGE:
-        return REPRODUCED
-    below = ours.high <= band.low if band.open_low else ours.high < band.low - _EDGE
-    if below or ours.low > band.high + _EDGE:
-        return NOT_REPRODUCED
-    return INCONCLUSIVE
-
-
 def interpolate(points: Sequence[tuple[float, float]], x: float) -> float | None:
     """The paper's curve read at ``x`` by linear interpolation between its points (sorted by x); None
     outside the range the paper measured (no extrapolation)."""
     ordered = sorted(points)
-    if not ordered or x < ordered[0][0] - _EDGE or x > ordered[-1][0] + _EDGE:
+    if not ordered or x < ordered[0][0] - EDGE or x > ordered[-1][0] + EDGE:
         return None
     for (x0, y0), (x1, y1) in itertools.pairwise(ordered):
-        if x <= x1 + _EDGE:
+        if x <= x1 + EDGE:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (min(max(x, x0), x1) - x0) / (x1 - x0)
     return ordered[-1][1]
-
-
-def point(value: float, n: int, why: str = "point only (no interval recorded)") -> Interval:
-    return Interval(value, value, value, n, method=why)
 
 
 def clopper_pearson(k: int, n: int) -> Interval:
@@ -337,7 +322,7 @@ class _Ctx:
 
     def verdict(self, subject: str, paper_value: float | None, paper_text: str, measured: Measured | None, *,
                 band: Band | None = None, source: str = "", notes: Sequence[str] = (),
-                reasons: Sequence[str] = (), verdict: str | None = None) -> ClaimVerdict:
+                reasons: Sequence[str] = (), verdict: str | None = None) -> Verdict:
         ours = measured.interval if measured else None
         if band is None and paper_value is not None:
             band = claim_band(self.claim, paper_value)
@@ -351,14 +336,14 @@ class _Ctx:
             why.append(measured.how)
         how = [measured.how] if measured is not None and ours is not None and measured.how else []
         flags = ["claim partly unverified (see its notes)"] if self.claim.unverified else []
-        return ClaimVerdict(
+        return Verdict(
             claim_id=self.claim.id, paper=self.paper.id, kind=self.claim.kind, statement=self.claim.statement,
             source=self.claim.source.describe(), subject=subject, paper_value=paper_value, paper_text=paper_text,
             band=band, ours=ours, tolerance=self.claim.tolerance, tolerance_mode=self.claim.tolerance_mode,
             verdict=verdict, our_source=source, reasons=tuple(why), notes=tuple([*how, *notes, *flags]),
         )
 
-    def not_measured(self, why: str, subject: str = "–") -> ClaimVerdict:
+    def not_measured(self, why: str, subject: str = "–") -> Verdict:
         return self.verdict(subject, None, "–", None, reasons=[why], verdict=NOT_MEASURED)
 
     def models(self) -> list[str]:
@@ -375,7 +360,7 @@ class _Ctx:
         found = self.evals(model, method, task)
         return next((r for r in found if r.method == method), found[0] if found else None)
 
-    def missing(self, name: str) -> ClaimVerdict | None:
+    def missing(self, name: str) -> Verdict | None:
         """``not measured`` when the results hold no evaluate result of model ``name``, else None."""
         if name in self.results.eval_models():
             return None
@@ -433,7 +418,7 @@ def _worst(candidates: Sequence[tuple[Interval, Band, str]]) -> tuple[int, str]:
 # ------------------------------------------------------------------------------------------ rules
 
 
-def _at_depth(ctx: _Ctx, measure: Callable[[EvalResult], Measured]) -> list[ClaimVerdict]:
+def _at_depth(ctx: _Ctx, measure: Callable[[EvalResult], Measured]) -> list[Verdict]:
     """Our interval at each evaluated E/L against the paper's curve read there."""
     task, method = ctx.claim.maps_to.task, ctx.claim.maps_to.method
     out = []
@@ -524,11 +509,11 @@ def _setting_notes(ctx: _Ctx, result: EvalResult) -> tuple[list[str], list[str]]
         [r for r in reasons if r.startswith("hardware")]
 
 
-def acceptance_at_depth(ctx: _Ctx) -> list[ClaimVerdict]:
+def acceptance_at_depth(ctx: _Ctx) -> list[Verdict]:
     return _at_depth(ctx, lambda r: acceptance_interval(r, ctx.records))
 
 
-def speedup_at_depth(ctx: _Ctx) -> list[ClaimVerdict]:
+def speedup_at_depth(ctx: _Ctx) -> list[Verdict]:
     """Like :func:`acceptance_at_depth`, against greedy decoding of the same model; a different hardware kind
     makes the subject ``not comparable`` (the size difference is a note)."""
     def measure(result: EvalResult) -> Measured:
@@ -538,7 +523,7 @@ def speedup_at_depth(ctx: _Ctx) -> list[ClaimVerdict]:
     return _at_depth(ctx, measure)
 
 
-def exit_quality_fraction(ctx: _Ctx) -> list[ClaimVerdict]:
+def exit_quality_fraction(ctx: _Ctx) -> list[Verdict]:
     m = ctx.claim.maps_to
 
     def measure(result: EvalResult) -> Measured:
@@ -550,7 +535,7 @@ def exit_quality_fraction(ctx: _Ctx) -> list[ClaimVerdict]:
     return _at_depth(ctx, measure)
 
 
-def exit_quality_fraction_gain(ctx: _Ctx) -> list[ClaimVerdict]:
+def exit_quality_fraction_gain(ctx: _Ctx) -> list[Verdict]:
     """(model's early-exit / last-layer quality) − (control's), at each E both evaluated."""
     m = ctx.claim.maps_to
     control = m.control or ""
@@ -582,7 +567,7 @@ def exit_quality_fraction_gain(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
-def last_layer_cost(ctx: _Ctx) -> list[ClaimVerdict]:
+def last_layer_cost(ctx: _Ctx) -> list[Verdict]:
     """The model's last-layer quality minus the control's (both autoregressive), paired by sample id."""
     m = ctx.claim.maps_to
     control = m.control or ""
@@ -606,7 +591,7 @@ def last_layer_cost(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
-def exactness(ctx: _Ctx) -> list[ClaimVerdict]:
+def exactness(ctx: _Ctx) -> list[Verdict]:
     """Sequences that differ from the same model's greedy output, pooled over tasks, per model the method ran on
     (a profile may run a method on some models only: ``evaluate.method_models``); ``not measured`` for a model the
     claim names, or when the method ran on none."""
@@ -716,7 +701,7 @@ def _eval_candidates(ctx: _Ctx, model: str, rows: Sequence[SweepRow]) -> list[tu
     return out
 
 
-def speculative_bound(ctx: _Ctx) -> list[ClaimVerdict]:
+def speculative_bound(ctx: _Ctx) -> list[Verdict]:
     """Measured / predicted speed-up per model, over the sweep rows and the evaluate results; the worst decides."""
     m = ctx.claim.maps_to
     sweep = ctx.results.sweep
@@ -746,7 +731,7 @@ def speculative_bound(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
-def speculative_bound_paper(ctx: _Ctx) -> list[ClaimVerdict]:
+def speculative_bound_paper(ctx: _Ctx) -> list[Verdict]:
     """The paper's printed speed-up over the cost model's prediction from its printed acceptance, with
     layer-proportional step costs (c_draft = E/L, c_verify = (L − E)/L); one verdict per table, the worst
     row deciding."""
@@ -775,7 +760,7 @@ def speculative_bound_paper(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
-def calm_risk_guarantee(ctx: _Ctx) -> list[ClaimVerdict]:
+def calm_risk_guarantee(ctx: _Ctx) -> list[Verdict]:
     """Every certified threshold's test risk against its δ, per calibrated model; the worst decides."""
     m = ctx.claim.maps_to
     if not ctx.results.calibrations:
@@ -804,7 +789,7 @@ def calm_risk_guarantee(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
-def calm_measure_order(ctx: _Ctx) -> list[ClaimVerdict]:
+def calm_measure_order(ctx: _Ctx) -> list[Verdict]:
     """Our average exit layers at the same (task, δ, KV strategy) in the paper's order of measures: each
     next measure must exit later by more than the tolerance (a tie within it is inconclusive). Only certified
     thresholds count: an uncertified δ falls back to λ = 1 (no early exit) for every measure, a tie that says
@@ -846,7 +831,7 @@ def calm_measure_order(ctx: _Ctx) -> list[ClaimVerdict]:
     return out
 
 
-def shared_compute(ctx: _Ctx) -> list[ClaimVerdict]:
+def shared_compute(ctx: _Ctx) -> list[Verdict]:
     """Self-speculation's speed-up over two-model speculative decoding whose draft is a copy of the same first E
     layers and head (``draft_layers`` = E, same d): the same drafts, so the difference is the shared cache and
     the verification resuming from the draft's exit states, and the separate draft's memory (in the note)."""
@@ -879,7 +864,7 @@ def _skip_note(result: EvalResult) -> list[str]:
 
 
 def _against(ctx: _Ctx, other: Callable[[str, EvalResult], EvalResult | None], what: str, subject: str,
-             measure: Callable[[EvalResult, EvalResult, str], Measured], value: float, text: str) -> list[ClaimVerdict]:
+             measure: Callable[[EvalResult, EvalResult, str], Measured], value: float, text: str) -> list[Verdict]:
     """For each model and task, the claim's method (its unlabelled instance: a ``method@name`` control is no
     subject) measured against ``other(model, result)``, on the claim's metric or the task's primary one."""
     m = ctx.claim.maps_to
@@ -906,7 +891,7 @@ def _against(ctx: _Ctx, other: Callable[[str, EvalResult], EvalResult | None], w
     return out
 
 
-def quality_fraction(ctx: _Ctx) -> list[ClaimVerdict]:
+def quality_fraction(ctx: _Ctx) -> list[Verdict]:
     """A lossy method's quality over the reference method's (paired by sample), per model and task, against the
     paper's fraction (``field`` over ``reference_field`` of its row)."""
     m = ctx.claim.maps_to
@@ -916,7 +901,7 @@ def quality_fraction(ctx: _Ctx) -> list[ClaimVerdict]:
                     "", lambda a, b, metric: fraction_measured(a, b, metric, ctx.records), value, text)
 
 
-def quality_above_control(ctx: _Ctx) -> list[ClaimVerdict]:
+def quality_above_control(ctx: _Ctx) -> list[Verdict]:
     """The method's quality minus its control's (``control_label``: the same model and task, paired by sample),
     in the paper's direction; each one's skip rate is a note (the claim is at the same rate)."""
     m = ctx.claim.maps_to
@@ -930,7 +915,7 @@ def quality_above_control(ctx: _Ctx) -> list[ClaimVerdict]:
                     f"> {value:g} (the paper's direction)")
 
 
-RULES: dict[str, Callable[[_Ctx], list[ClaimVerdict]]] = {
+RULES: dict[str, Callable[[_Ctx], list[Verdict]]] = {
     "acceptance_at_depth": acceptance_at_depth,
     "speedup_at_depth": speedup_at_depth,
     "exit_quality_fraction": exit_quality_fraction,
@@ -947,12 +932,12 @@ RULES: dict[str, Callable[[_Ctx], list[ClaimVerdict]]] = {
 }
 
 
-def check_claim(claim: Claim, paper: Paper, results: Results, records: Records | None = None) -> list[ClaimVerdict]:
+def check_claim(claim: Claim, paper: Paper, results: Results, records: Records | None = None) -> list[Verdict]:
     """Every verdict of one claim (at least one)."""
     ctx = _Ctx(claim, paper, results, records or Records(results.root))
     return RULES[claim.kind](ctx) or [ctx.not_measured("no result matches the claim's maps_to")]
 
 
-def run_claims(papers: tuple[Paper, ...], results: Results) -> list[ClaimVerdict]:
+def run_claims(papers: tuple[Paper, ...], results: Results) -> list[Verdict]:
     records = Records(results.root)
     return [v for paper in papers for claim in paper.claims for v in check_claim(claim, paper, results, records)]
