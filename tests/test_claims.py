@@ -183,6 +183,7 @@ def _summary(model: str, method: str, scores: list[float], *, options: dict[str,
              speed: dict[str, Any] | None = None, correctness: dict[str, Any] | None = None,
              intervals: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
+        "schema_version": 2, "primary_metric": "exact_match", "framework": "exitbench",
         "task": "topv2", "method": method, "model": model, "options": options or {}, "num_samples": len(scores),
         "quality": {"exact_match": sum(scores) / len(scores)},
         "speed": {"time_per_token_ms": 10.0, "speedup_vs_greedy": 1.0, "acceptance_rate": None, **(speed or {})},

@@ -685,7 +685,7 @@ def test_exact_method_timed_on_fewer_samples_reports_greedys_quality(results_cop
         eval_path(results_copy, "layerskip", "topv2", "self_speculative"),
         lambda d: d.update(
             quality={},
-            quality_from="autoregressive (exact method; measured on the timing sample of 4)",
+            quality_from={"method": "autoregressive", "n": 10, "why": "exact method"},
             num_samples=4,
             intervals={"speedup_vs_greedy": interval(1.5177, 1.2, 1.9, 4)},
         ),
@@ -822,19 +822,29 @@ def test_eval_table_prints_the_a_a_control_and_its_noise_floor(results_copy: Pat
     )
 
 
-def test_a_summary_states_its_primary_metric_and_an_older_one_gets_one_line(tmp_path: Path) -> None:
-    """Schema 2 files name their task's primary metric (the table's first quality column follows it); files of
-    schema 1 are counted in one line and read with the tasks' own primary metrics."""
+def test_a_summary_states_its_primary_metric_and_an_older_one_is_one_line_naming_the_migration(
+    tmp_path: Path,
+) -> None:
+    """Summaries name their task's primary metric (the table's first quality column follows it); a summary of
+    schema 1 is refused in one line that names the one-off migration, which makes it readable, numbers unchanged."""
     results = tmp_path / "results"
     shutil.copytree(FIXTURES, results)
     for path in (results / "eval").glob("*/*/cnndm/*.json"):
-        _edit(path, lambda d: d.update(schema_version=2, primary_metric="rouge1", framework="exitbench"))
+        _edit(path, lambda d: d.update(primary_metric="rouge1"))
     readme = render_readme(load_results(results), PAPERS, "cpu", [], tmp_path)
     assert "| method | options | rouge1 | rouge2 | rougeL |" in eval_part(readme, "cnndm")
-    assert "| method | options | exact_match |" in eval_part(readme, "topv2")  # schema 1: the task's own
-    total = len(load_results(results).evals)
-    older = total - len(list((results / "eval").glob("*/*/cnndm/*.json")))
-    assert f"_{older} of {total} result files are of summary schema 1" in readme
+    assert "| method | options | exact_match |" in eval_part(readme, "topv2")
+    old = eval_path(results, "layerskip", "topv2", "autoregressive")
+    before = json.loads(old.read_text())
+    _edit(old, lambda d: [d.pop(key) for key in ("schema_version", "primary_metric", "framework")])
+    with pytest.raises(ExitbenchError) as err:
+        load_results(results)
+    assert str(err.value).count("\n") == 0 and "scripts/migrate_summaries.py" in str(err.value)
+    migrate = runpy.run_path(str(REPO / "scripts" / "migrate_summaries.py"))["main"]
+    assert migrate([str(results)]) == 0
+    after = json.loads(old.read_text())
+    assert after == before  # the migration restores exactly what schema 2 states
+    load_results(results)
 
 
 def test_file_options_show_as_flags_not_paths():

@@ -97,8 +97,9 @@ def memory_text(memory: dict[str, Any]) -> str:
     return text
 
 
-#: the tasks' primary metrics, for summaries of schema 1 only (which did not state theirs)
-SCHEMA_1_PRIMARY_METRIC = {"cnndm": "rouge2", "humaneval": "pass@1", "mbpp": "pass@1", "topv2": "exact_match"}
+#: the oldest evaluate summary schema the report reads (exitbench.summaries.SUMMARY_SCHEMA); older ones are
+#: migrated once by scripts/migrate_summaries.py
+READ_SCHEMA = 2
 
 
 class EvalResult(_Lenient):
@@ -109,8 +110,8 @@ class EvalResult(_Lenient):
     model: str
     options: dict[str, Any] = {}
     schema_version: int = Field(1, ge=1, description="exitbench.summaries.SUMMARY_SCHEMA of the file (absent: 1)")
-    primary_metric: str | None = Field(None, description="the task's primary quality metric (schema 2)")
-    framework: str | None = Field(None, description="whose generate() ran: exitbench or transformers (schema 2)")
+    primary_metric: str = Field(description="the task's primary quality metric")
+    framework: str = Field(description="whose generate() ran: exitbench or transformers")
     num_samples: int = Field(ge=0)
     num_failed: int = Field(0, ge=0)
     quality: dict[str, float | dict[str, float] | None]
@@ -129,7 +130,9 @@ class EvalResult(_Lenient):
     settings_key: str | None = Field(None, description="the key of this summary's per-sample records in the store")
     sample: dict[str, Any] | None = None
     base_method: str | None = Field(None, description="the registry method of an instance label (early_exit@8)")
-    quality_from: Any = Field(None, description="an exact method's quality is this run's (greedy's) by construction")
+    quality_from: dict[str, Any] | None = Field(
+        None, description="{method, n, why}: an exact method's quality is that run's (greedy's), by construction"
+    )
     chat_template: bool | None = Field(None, description="prompts went through the tokenizer's chat template")
     extra_memory: dict[str, Any] | None = Field(
         None, description="what the method holds beside the model (a separate draft: parameters, bytes, KV bytes/token)"
@@ -152,19 +155,25 @@ class EvalResult(_Lenient):
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     @property
-    def primary(self) -> str | None:
-        """The task's primary quality metric: stated by the file (schema 2), else the tasks' own of schema 1."""
-        return self.primary_metric or SCHEMA_1_PRIMARY_METRIC.get(self.task)
+    def primary(self) -> str:
+        """The task's primary quality metric, as the summary states it."""
+        return self.primary_metric
 
     @property
     def quality_source(self) -> str | None:
-        """The method whose quality this result reports: ``quality_from``'s first word (evaluate writes e.g.
-        ``"autoregressive (exact method; measured on the timing sample of 4)"``), or its ``method`` key."""
-        source = self.quality_from
-        if isinstance(source, dict):
-            source = source.get("method")
-        words = source.split() if isinstance(source, str) else []
-        return words[0] if words else None
+        """The method whose quality this result reports (``quality_from.method``), or None: its own."""
+        return self.quality_from.get("method") if isinstance(self.quality_from, dict) else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _current_schema(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("schema_version", 1) < READ_SCHEMA:
+            raise ValueError(
+                f"an evaluate summary of schema {data.get('schema_version', 1)} (the report reads {READ_SCHEMA}): run "
+                "`python scripts/migrate_summaries.py <results folder>` once (it adds what the newer schema states; "
+                "no number changes)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _failed_at_most_all(self) -> EvalResult:

@@ -373,14 +373,6 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
         "Exactness compares each output token for token with greedy decoding.",
         "",
     ]
-    older = sum(r.schema_version < 2 for r in results.evals)
-    if older:
-        lines += [
-            f"_{older} of {len(results.evals)} result files are of summary schema 1 (written before summaries stated "
-            "their task's primary metric and framework): the report takes each task's own primary metric for them; "
-            "rerunning their evaluate stage rewrites them from the stored records, without generating again._",
-            "",
-        ]
     for task in results.eval_tasks():
         lines += [f"### {task}", ""]
         for model in results.eval_models():
