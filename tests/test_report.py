@@ -878,3 +878,34 @@ def test_the_add_ons_training_reports_get_a_table_each(results_copy: Path, tmp_p
     assert "| base | 2 | 200 | 355 | 1010 | 0.044 | 0.044 | 0.160 | 16.30 | 4.95 |" in section
     router_row = "| base | attention | 14..28 | 0.50 | 200 | 630 | 1010 | 0.65 | 0.703 | 0.34 | [14, 17, 22, 25, 26] |"
     assert router_row in section
+
+
+def test_the_best_per_task_names_the_fastest_exact_method_and_the_lossy_front(results_copy: Path, tmp_path) -> None:
+    """Per (task, model): the fastest exact method with its interval, the fastest lossy point keeping 90% of greedy's
+    primary metric, and the lossy front; greedy's own variants are never contenders, thin timings never quoted."""
+    def timed(label: str, speedup: float, n: int = 32, **change) -> None:
+        path = eval_path(results_copy, "layerskip", "topv2", label)
+        if not path.exists():  # a new lossy instance, copied from early exit
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(eval_path(results_copy, "layerskip", "topv2", "early_exit"), path)
+            _edit(path, lambda d: d.update(method=label, base_method=label.split("@")[0]))
+        spread = interval(speedup, speedup - 0.1, speedup + 0.1, n)
+        _edit(path, lambda d: (d["speed"].update(speedup_vs_greedy=speedup),
+                               d.update(intervals={"speedup_vs_greedy": spread}, **change)))  # fmt: skip
+
+    def row(results: Path) -> str:
+        readme = render_readme(load_results(results), PAPERS, "cpu", [], tmp_path)
+        section = readme.split("## The best per task")[1].split("\n## ")[0]
+        return next(line for line in section.splitlines() if line.startswith("| topv2 | layerskip |"))
+
+    timed("self_speculative", 1.5, n=8)
+    assert "| – (each timed on fewer than 16 prompts) |" in row(results_copy)
+    timed("self_speculative", 1.5)
+    timed("autoregressive@linear", 1.9, correctness={"exact_claimed": True, "num_mismatched": 0})
+    timed("early_exit", 2.2)  # EM 0.44 of greedy's 0.62: 0.71 kept
+    timed("depth_pruning@4", 1.2, quality={"exact_match": 0.60}, options={})  # 0.97 kept, slower
+    timed("depth_pruning@8", 1.1, quality={"exact_match": 0.50}, options={})  # beaten on both by depth_pruning@4
+    line = row(results_copy)
+    assert "| `self_speculative` (E=8 d=2) 1.50x [1.40, 1.60] (n=32) |" in line  # not greedy's linear kernel
+    assert "| `depth_pruning@4` 1.20x [1.10, 1.30] (n=32), keeps 0.97 |" in line
+    assert line.endswith("| early_exit 2.20x / 0.71; depth_pruning@4 1.20x / 0.97 |")

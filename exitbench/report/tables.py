@@ -404,6 +404,83 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
     return lines
 
 
+KEPT_QUALITY = 0.9  # a lossy point counts as usable when it keeps this share of greedy's primary metric
+GREEDY = "autoregressive"
+REFERENCES = (GREEDY, "hf_greedy")  # greedy decoding itself (any kernel or engine): the baseline, not a contender
+
+
+def quoted_speedup(r: EvalResult) -> Estimate | None:
+    """The speed-up against greedy where it rests on enough prompts to quote, else None."""
+    estimate = speed_estimate(r, "speedup_vs_greedy")
+    return None if estimate.value is None or estimate.n is None or too_few_timed(estimate.n) else estimate
+
+
+def lossy_points(rows: list[EvalResult], greedy_quality: float) -> list[tuple[EvalResult, Estimate, float]]:
+    """(result, speed-up, primary metric / greedy's) of every lossy method with a quotable speed-up, fastest
+    first."""
+    points = []
+    for r in rows:
+        quality = quality_estimate(r, r.primary, rows).value
+        if not r.correctness.exact_claimed and quality is not None and (speedup := quoted_speedup(r)) is not None:
+            points.append((r, speedup, quality / greedy_quality))
+    return sorted(points, key=lambda p: -(p[1].value or 0.0))
+
+
+def pareto(points: list[tuple[EvalResult, Estimate, float]]) -> list[tuple[EvalResult, Estimate, float]]:
+    """The points no other point beats on both speed-up and quality kept (fastest first)."""
+    front: list[tuple[EvalResult, Estimate, float]] = []
+    for point in points:
+        if not front or point[2] > front[-1][2]:
+            front.append(point)
+    return front
+
+
+def best_section(results: Results) -> list[str]:
+    """Per task and model: the fastest exact method, and the fastest lossy one keeping :data:`KEPT_QUALITY` of
+    greedy's primary metric, each with its interval and n; then the lossy speed/quality front."""
+    def named(r: EvalResult) -> str:
+        return f"`{r.method}`" + (f" ({options_text(r.options)})" if r.options else "")
+
+    body = []
+    for task in results.eval_tasks():
+        for model in results.eval_models():
+            rows = [r for r in results.evals if (r.task, r.model) == (task, model)]
+            greedy = next((r for r in rows if r.method == GREEDY), None)
+            if greedy is None:
+                continue
+            exact = [r for r in rows if r.family not in REFERENCES and r.correctness.exact_claimed
+                     and r.correctness.num_mismatched == 0]  # fmt: skip
+            timed = [(r, e) for r in exact if (e := quoted_speedup(r)) is not None]
+            fastest = max(timed, key=lambda p: p[1].value or 0.0, default=None)
+            exact_text = f"{named(fastest[0])} {fmt_estimate(fastest[1], 'x')}" if fastest else (
+                "– (each timed on fewer than 16 prompts)" if exact else "–")
+            base = quality_estimate(greedy, greedy.primary, rows).value
+            lossy = [r for r in rows if not r.correctness.exact_claimed]
+            if not base:
+                lossy_text, front_text = f"– (greedy scores {fmt(base)}: no quality to keep)", ""
+            else:
+                points = lossy_points(rows, base)
+                usable = next((p for p in points if p[2] >= KEPT_QUALITY), None)
+                lossy_text = (f"{named(usable[0])} {fmt_estimate(usable[1], 'x')}, keeps {usable[2]:.2f}" if usable
+                              else f"none keeps {KEPT_QUALITY:.0%}" if points
+                              else "– (each timed on fewer than 16 prompts)" if lossy else "–")  # fmt: skip
+                front_text = "; ".join(f"{p[0].method} {fmt_x(p[1].value)} / {p[2]:.2f}" for p in pareto(points))
+            body.append([task, model, f"{greedy.primary} {fmt(base)}", exact_text, lossy_text, front_text or "–"])
+    if not body:
+        return []
+    return [
+        "## The best per task",
+        "",
+        "Per task and model: the fastest exact method (0 outputs differ from greedy's) and the fastest lossy one "
+        f"keeping at least {KEPT_QUALITY:.0%} of greedy's primary metric, each speed-up against greedy with its 95% "
+        "interval and n (speed-ups on fewer than 16 prompts are left out); then every lossy point no other beats on "
+        "both speed-up and quality kept (speed-up / quality over greedy's).",
+        "",
+        *markdown_table(["task", "model", "greedy", "fastest exact", "best lossy", "lossy front"], body),
+        "",
+    ]
+
+
 def domains_of(rows: Iterable[EvalResult]) -> list[str]:
     """Every TOPv2 domain any result reports: in ``per_domain``, in its intervals or in its sample strata."""
     found: set[str] = set()
@@ -1148,6 +1225,7 @@ def render_readme(
         "Comparison with the papers, figure by figure: [`check.md`](check.md). Machine-readable: `metrics.json`, "
         "`tables/*.csv`.",
         "",
+        *best_section(results),
         *compare_section(results),
         *eval_section(results, papers, profile),
         *sweep_section(results),
