@@ -98,11 +98,12 @@ def recompute_notice(where: str, plans: Sequence[Planned]) -> str | None:
     changes = dict.fromkeys(part for changed in parts for part in changed)
     count = sum(len(missing) for _, missing in stale)
     needed = sum(len(planned.needed) for planned, _ in stale)
-    minutes = sum(_stored_seconds(planned, missing) for planned, missing in stale) / 60
+    seconds = sum(_stored_seconds(planned, missing) for planned, missing in stale)
+    took = f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
     labels = ", ".join(planned.label for planned, _ in stale)
     return (
         f"{where}: {' and '.join(changes)} differ from those the stored results were made with, so {count} of "
-        f"{needed} records ({labels}) will be recomputed, about {minutes:.0f} min at the stored records' speed; "
+        f"{needed} records ({labels}) will be recomputed, about {took} at the stored records' speed; "
         "the committed numbers come back only from the same weights and code (docs/pipeline.md#stored-generations)"
     )
 
