@@ -30,7 +30,7 @@ from exitbench.report.results import (
     memory_text,
     too_few_timed,
 )
-from exitbench.report.throughput import table_rows, throughput_section
+from exitbench.report.throughput import GREEDY, table_rows, throughput_section
 from exitbench.stats import Interval
 
 METHOD_ORDER = (
@@ -405,7 +405,6 @@ def eval_section(results: Results, papers: tuple[Paper, ...], profile: str) -> l
 
 
 KEPT_QUALITY = 0.9  # a lossy point counts as usable when it keeps this share of greedy's primary metric
-GREEDY = "autoregressive"
 REFERENCES = (GREEDY, "hf_greedy")  # greedy decoding itself (any kernel or engine): the baseline, not a contender
 
 
