@@ -21,8 +21,9 @@ def greedy_outputs(tiny_model):
 @pytest.mark.parametrize("skip_layers", [[0], [1], [NUM_LAYERS - 1], [1, 2], list(range(1, NUM_LAYERS))])
 @pytest.mark.parametrize("num_speculations", [1, 2, 4, 8])
 def test_layer_skip_draft_equals_greedy(tiny_model, greedy_outputs, skip_layers, num_speculations):
-    method = build_method("layer_skip_draft", tiny_model,
-                          {"skip_layers": skip_layers, "num_speculations": num_speculations})
+    method = build_method(
+        "layer_skip_draft", tiny_model, {"skip_layers": skip_layers, "num_speculations": num_speculations}
+    )
     for prompt, expected in zip(prompts(), greedy_outputs, strict=True):
         result = method.generate(prompt, MAX_NEW)
         assert result.tokens == expected
@@ -44,11 +45,11 @@ def test_drafts_run_the_kept_layers_and_verification_all(tiny_model, monkeypatch
     calls: dict[str, list[int]] = {"prefill": [], "draft": [], "verify": []}
     from exitbench.decoding.layer_skip_draft import SkippingProposer
 
-    layer_forward, draft = tiny_model.layer_forward, SkippingProposer.draft_logits
+    attention_block, draft = tiny_model.attention_block, SkippingProposer.draft_logits
 
-    def spy_layer(index, *args, **kwargs):
+    def spy_layer(index, *args, **kwargs):  # every layer that runs runs its attention sub-layer
         calls[phase[0]].append(index)
-        return layer_forward(index, *args, **kwargs)
+        return attention_block(index, *args, **kwargs)
 
     def spy_draft(*args):
         phase[0] = "draft"
@@ -56,7 +57,7 @@ def test_drafts_run_the_kept_layers_and_verification_all(tiny_model, monkeypatch
         phase[0] = "verify"  # whatever runs next until the next draft: the verification forward
         return logits
 
-    monkeypatch.setattr(tiny_model, "layer_forward", spy_layer)
+    monkeypatch.setattr(tiny_model, "attention_block", spy_layer)
     monkeypatch.setattr(SkippingProposer, "draft_logits", spy_draft)
     result = method.generate(prompts()[1], MAX_NEW)
     kept = [layer for layer in range(NUM_LAYERS) if layer not in skip]

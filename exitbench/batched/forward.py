@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from exitbench.batched.cache import BatchKVCache
-from exitbench.models.view import EarlyExitModel, apply_rope, linear, mlp_forward
+from exitbench.models.view import EarlyExitModel, apply_rope, linear
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 
@@ -63,7 +63,7 @@ def layer_forward(
     mask = position_mask(positions, k.shape[2])
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
     hidden = hidden + linear(attn.o_proj, out.transpose(1, 2).reshape(bsz, seq, -1), model.skinny_rows)
-    return hidden + mlp_forward(layer.mlp, layer.post_attention_layernorm(hidden), model.skinny_rows)
+    return model.mlp_block(index, hidden)
 
 
 def write_kv_only(

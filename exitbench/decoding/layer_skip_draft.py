@@ -11,9 +11,16 @@ full model's. Greedy verification makes the output exactly greedy decoding's.
 Unlike LayerSkip's draft (layers 0..E-1, whose K/V and exit state verification reuses), a skipping draft
 feeds its kept layers other inputs than the full model does, so nothing it computes can be reused: the
 verification runs every layer, and the draft costs ``(L - |skip|) / L`` of a full step per token.
+
+A draft may also leave out a layer's attention and MLP sub-layers separately (:class:`SkipSet`, as SWIFT's
+search does, :mod:`exitbench.decoding.swift`): a sub-layer is a residual step, ``h + Attn(Norm(h))`` or
+``h + MLP(Norm(h))``, so leaving one out passes ``h`` on; a left-out attention writes no K/V.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from pydantic import Field
@@ -22,6 +29,7 @@ from exitbench.decoding.base import MethodOptions, register
 from exitbench.decoding.draft_verify import Draft, DraftVerifyMethod, Proposer, Round
 from exitbench.decoding.steps import as_ids, greedy
 from exitbench.errors import ExitbenchError
+from exitbench.models.cache import KVCache
 from exitbench.models.view import EarlyExitModel
 
 
@@ -30,24 +38,56 @@ class LayerSkipDraftOptions(MethodOptions):
     num_speculations: int = Field(..., ge=1, description="d: tokens drafted per round")
 
 
+@dataclass(frozen=True)
+class SkipSet:
+    """The sub-layers a draft leaves out: the layers whose attention, and those whose MLP, it does not run."""
+
+    attention: frozenset[int]
+    mlp: frozenset[int]
+
+    @classmethod
+    def of_layers(cls, layers: Iterable[int]) -> SkipSet:
+        """Whole layers left out: attention and MLP both."""
+        skipped = frozenset(layers)
+        return cls(skipped, skipped)
+
+    def sublayers_run(self, num_layers: int) -> int:
+        """How many of the model's ``2 L`` sub-layers a draft token runs."""
+        return 2 * num_layers - len(self.attention) - len(self.mlp)
+
+    def forward(
+        self,
+        model: EarlyExitModel,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        start: int,
+        cache: KVCache,
+    ) -> torch.Tensor:
+        """Every layer over ``hidden`` at ``start..``, each sub-layer in the set passed over."""
+        for layer in range(model.num_layers):
+            if layer not in self.attention:
+                hidden = model.attention_block(layer, hidden, rope, start, cache)
+            if layer not in self.mlp:
+                hidden = model.mlp_block(layer, hidden)
+        return hidden
+
+
 class SkippingProposer(Proposer):
-    """Drafts through the kept layers (attention over the full model's committed K/V) and the shared head.
+    """Drafts through the sub-layers ``skip`` keeps (attention over the full model's committed K/V) and the shared
+    head.
 
     With a confidence floor (> 0) a round's drafting also stops after the first draft whose probability under the
     head is below it (that draft is still verified: it costs the verification one more position only).
     """
 
-    def __init__(self, model: EarlyExitModel, kept: list[int], num_speculations: int, min_confidence: float = 0.0):
-        self.model, self.kept, self.d, self.floor = model, kept, num_speculations, min_confidence
+    def __init__(self, model: EarlyExitModel, skip: SkipSet, num_speculations: int, min_confidence: float = 0.0):
+        self.model, self.skip, self.d, self.floor = model, skip, num_speculations, min_confidence
 
     def draft_logits(self, round_: Round, token: int, position: int) -> torch.Tensor:
-        """The head's logits ``[1, 1, V]`` after ``token`` (at ``position``) ran through the kept layers."""
+        """The head's logits ``[1, 1, V]`` after ``token`` (at ``position``) ran through the kept sub-layers."""
         model = self.model
         hidden = model.embed(as_ids(model, [token]))
-        rope = model.rope(hidden, position)
-        for layer in self.kept:
-            hidden = model.layer_forward(layer, hidden, rope, position, round_.cache)
-        return model.logits(hidden)
+        return model.logits(self.skip.forward(model, hidden, model.rope(hidden, position), position, round_.cache))
 
     def propose(self, round_: Round) -> Draft:
         drafts: list[int] = []
@@ -80,10 +120,11 @@ class LayerSkipDraft(DraftVerifyMethod):
                 f"layer_skip_draft: skip_layers {sorted(skip)} must be distinct layers in 0..{layers - 1} of this "
                 f"{layers}-layer model, leaving at least one; set skip_layers within that range"
             )
-        self.kept = [layer for layer in range(layers) if layer not in skip]
+        self.skip = SkipSet.of_layers(skip)
 
     def counters(self) -> dict[str, int]:
-        return {"draft_forwards": 0, "verify_forwards": 0, "layers_per_draft": len(self.kept)}
+        layers_per_draft = self.model.num_layers - len(self.skip.attention)
+        return {"draft_forwards": 0, "verify_forwards": 0, "layers_per_draft": layers_per_draft}
 
     def proposer(self, prompt_ids: list[int], max_new_tokens: int) -> Proposer:
-        return SkippingProposer(self.model, self.kept, self.options.num_speculations)
+        return SkippingProposer(self.model, self.skip, self.options.num_speculations)

@@ -27,7 +27,7 @@ from torch import nn
 from exitbench.errors import ExitbenchError
 from exitbench.models.addon_io import load_state, read_module, save_module
 from exitbench.models.cache import KVCache
-from exitbench.models.view import EarlyExitModel, mlp_forward
+from exitbench.models.view import EarlyExitModel
 
 ROUTER_FORMAT = 1
 ROUTER_FILE = "routers.pt"  # <models>/routers/<model>/ROUTER_FILE, written by train_routers
@@ -80,10 +80,7 @@ def skipped_layer_forward(
     model: EarlyExitModel, index: int, hidden: torch.Tensor, granularity: Granularity
 ) -> torch.Tensor:
     """Layer ``index`` with its attention skipped (``attention``: ``h + MLP(Norm(h))``) or whole (``layer``: ``h``)."""
-    if granularity == "layer":
-        return hidden
-    layer = model.layers[index]
-    return hidden + mlp_forward(layer.mlp, layer.post_attention_layernorm(hidden), model.skinny_rows)
+    return hidden if granularity == "layer" else model.mlp_block(index, hidden)
 
 
 def decide(routers: DepthRouters, model: EarlyExitModel, index: int, hidden: torch.Tensor) -> bool:

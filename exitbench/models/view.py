@@ -19,6 +19,9 @@ from exitbench.errors import ExitbenchError
 from exitbench.models.cache import KVCache
 from exitbench.timing import interleaved_medians
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin [B, S, D]
+Cache = KVCache | None  # None: no cache (training), attention causal over the positions given
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """Rotate the two halves of the last dimension: (x1, x2) -> (-x2, x1) (RoFormer, Su et al. 2021)."""
@@ -194,20 +197,22 @@ class EarlyExitModel:
         """Token ids [B, S] -> hidden states [B, S, H]."""
         return self.embed_tokens(ids)
 
-    def rope(self, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, hidden: torch.Tensor, start: int) -> Rope:
         """cos, sin [B, S, D] for positions start..start+S-1."""
         positions = torch.arange(start, start + hidden.shape[1], device=hidden.device).unsqueeze(0)
         return self.rotary_emb(hidden, positions.expand(hidden.shape[0], -1))
 
     def layer_forward(
-        self,
-        index: int,
-        hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        start: int = 0,
-        cache: KVCache | None = None,
+        self, index: int, hidden: torch.Tensor, rope: Rope, start: int = 0, cache: Cache = None
     ) -> torch.Tensor:
-        """One decoder layer over hidden [B, S, H] at positions start..start+S-1.
+        """One decoder layer over hidden [B, S, H] at positions start..start+S-1: its attention sub-layer, then
+        its MLP sub-layer, each a residual step (:meth:`attention_block`, :meth:`mlp_block`)."""
+        return self.mlp_block(index, self.attention_block(index, hidden, rope, start, cache))
+
+    def attention_block(
+        self, index: int, hidden: torch.Tensor, rope: Rope, start: int = 0, cache: Cache = None
+    ) -> torch.Tensor:
+        """Layer ``index``'s attention sub-layer as a residual step: ``h + Attn(Norm(h))``.
 
         With a cache, the layer's K/V are written at ``start`` and attention covers the cached prefix;
         without one (training), attention is causal over the S positions only.
@@ -230,12 +235,14 @@ class EarlyExitModel:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=seq > 1, scale=attn.scaling, enable_gqa=True)
-        hidden = hidden + linear(attn.o_proj, out.transpose(1, 2).reshape(bsz, seq, -1), self.skinny_rows)
+        return hidden + linear(attn.o_proj, out.transpose(1, 2).reshape(bsz, seq, -1), self.skinny_rows)
+
+    def mlp_block(self, index: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Layer ``index``'s MLP sub-layer as a residual step: ``h + MLP(Norm(h))`` (position-wise, no cache)."""
+        layer = self.layers[index]
         return hidden + mlp_forward(layer.mlp, layer.post_attention_layernorm(hidden), self.skinny_rows)
 
-    def write_kv_only(
-        self, index: int, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], start: int, cache: KVCache
-    ) -> None:
+    def write_kv_only(self, index: int, hidden: torch.Tensor, rope: Rope, start: int, cache: KVCache) -> None:
         """Compute layer ``index``'s K/V from ``hidden`` and cache them, without running attention or MLP.
 
         This is state propagation for a skipped layer (CALM §3.3.1): the exit state, copied up, gives the
@@ -259,7 +266,7 @@ class EarlyExitModel:
         last: int,
         start: int = 0,
         cache: KVCache | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: Rope | None = None,
     ) -> torch.Tensor:
         """Layers ``first..last-1`` over hidden [B, S, H] at positions ``start..start+S-1``."""
         if rope is None:
