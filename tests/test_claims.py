@@ -16,8 +16,8 @@ from exitbench.errors import ExitbenchError
 from exitbench.replications import claim_paper_values, load_paper, load_replications
 from exitbench.report.check import run_check
 from exitbench.report.claims import claim_band, clopper_pearson, hoeffding, interpolate, run_claims
+from exitbench.report.format import Estimate, fmt_estimate
 from exitbench.report.results import MIN_SPEED_PROMPTS, load_results
-from exitbench.report.tables import Estimate, fmt_estimate
 from exitbench.report.verdicts import (
     INCONCLUSIVE,
     NOT_COMPARABLE,

@@ -327,9 +327,12 @@ def test_text_outputs_csv_and_metrics(tmp_path: Path) -> None:
     assert metrics["sweep"]["layerskip/float32"]["best_exit_layer"] == 15
     header = (tmp_path / "tables" / "eval.csv").read_text().splitlines()[0]
     assert header.startswith(
-        "model,task,method,base_method,options,dtype,num_samples,num_failed,quality_exact_match,"
+        "model,task,method,base_method,options,dtype,num_samples,quality_exact_match,"
         "quality_exact_match_low,quality_exact_match_high,quality_exact_match_n"
     )
+    # every number the README's table shows is in the CSV too (one column list renders both)
+    for field in ("tokens_per_sample", "speedup_vs_framework_greedy", "num_failed", "ideal_fraction"):
+        assert f",{field}," in header
 
 
 def test_malformed_result_file_is_one_clear_error(results_copy: Path) -> None:

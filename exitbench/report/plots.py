@@ -21,17 +21,9 @@ from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
 from exitbench.replications import Paper, Row
+from exitbench.report.format import Estimate, estimate_columns, write_csv
 from exitbench.report.results import EvalResult, Provenance, Results, SweepRow
-from exitbench.report.tables import (
-    Estimate,
-    estimate_columns,
-    method_key,
-    quality_estimate,
-    result_key,
-    speed_estimate,
-    sweep_estimate,
-    write_csv,
-)
+from exitbench.report.tables import method_key, quality_estimate, result_key, speed_estimate, sweep_estimate
 from exitbench.report.throughput import plot_throughput
 
 MARKERS = {

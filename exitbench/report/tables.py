@@ -6,7 +6,6 @@ replication rows; nothing is measured. Missing optional stages are reported as "
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -18,6 +17,20 @@ from typing import Any
 from exitbench.cost_model import predict_speedup
 from exitbench.errors import ExitbenchError
 from exitbench.replications import Paper
+from exitbench.report.format import (
+    Column,
+    Estimate,
+    csv_rows,
+    estimate_columns,
+    fmt,
+    fmt_bounds,
+    fmt_estimate,
+    fmt_pct,
+    fmt_x,
+    markdown,
+    markdown_table,
+    write_csv,
+)
 from exitbench.report.results import (
     MIN_SPEED_PROMPTS,
     CalibrationRow,
@@ -53,39 +66,6 @@ METHOD_ORDER = (
 NOT_RUN = "_not run in this profile (no result files)._"
 
 
-# ------------------------------------------------------------------------------------------ formatting
-
-
-def fmt(value: Any, digits: int = 3) -> str:
-    """A table cell: numbers rounded, None as an en dash."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def fmt_x(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}x"
-
-
-def fmt_pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}%"
-
-
-def markdown_table(header: list[str], rows: Iterable[list[str]], align: str = "") -> list[str]:
-    """Markdown table lines; ``align`` is one character per column: 'l' or 'r' (default 'l')."""
-    aligns = [("---:" if a == "r" else "---") for a in align.ljust(len(header), "l")]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(aligns) + " |"]
-    for row in rows:
-        if len(row) != len(header):
-            raise ValueError(f"markdown_table: a row of {len(row)} cells under {len(header)} headers: {row}")
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
-    return lines
-
-
 def provenance_line(prov: Provenance, extra: str = "") -> str:
     threads = f"{prov.threads} threads" if prov.threads else "threads ?"
     features = prov.extra("cpu_features") or {}
@@ -102,62 +82,6 @@ def result_key(result: EvalResult) -> tuple[int, str, int, str]:
     """Table order: the registry method (an instance label such as ``early_exit@8`` under ``early_exit``), E."""
     order, family = method_key(result.family)
     return (order, family, result.exit_layer or 0, result.method)
-
-
-# ------------------------------------------------------------------------------------------ intervals
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A reported number, its 95% interval when the result file carries one, and its sample size."""
-
-    value: float | None
-    interval: Interval | None = None
-    n: int | None = None
-    detail: str = ""  # after n inside the parentheses, e.g. " texts, 1751 positions"
-
-    @property
-    def low(self) -> float | None:
-        return self.interval.low if self.interval else None
-
-    @property
-    def high(self) -> float | None:
-        return self.interval.high if self.interval else None
-
-
-def _bound(value: float, kind: str, digits: int) -> str:
-    if not math.isfinite(value):
-        return "∞" if value > 0 else "-∞"
-    return f"{100 * value:.1f}" if kind == "pct" else f"{value:.2f}" if kind == "x" else f"{value:.{digits}f}"
-
-
-def fmt_bounds(estimate: Estimate, kind: str = "num", digits: int = 3) -> str:
-    """``[low, high]`` in the estimate's unit (speed-up: x, rates: %), or "" without an interval."""
-    if estimate.interval is None:
-        return ""
-    return f"[{_bound(estimate.interval.low, kind, digits)}, {_bound(estimate.interval.high, kind, digits)}]"
-
-
-def fmt_estimate(estimate: Estimate, kind: str = "num", digits: int = 3) -> str:
-    """``0.440 [0.370, 0.510] (n=200)``; kind "x" (speed-up, ``1.52x [1.40, 1.61]``) or "pct" (rates, in %).
-    Without an interval: the number and n; without a number: an en dash; a speed-up timed on fewer than
-    :data:`MIN_SPEED_PROMPTS` prompts: ``(1.31x, n=4 < 16: not quoted)``."""
-    value = estimate.value
-    if value is None:
-        return "–"
-    text = fmt_x(value) if kind == "x" else fmt_pct(value) if kind == "pct" else fmt(value, digits)
-    bounds = fmt_bounds(estimate, kind, digits)
-    n = estimate.n if estimate.n is not None else "?"
-    if kind == "x" and too_few_timed(estimate.n):
-        return f"({text}, n={n} < {MIN_SPEED_PROMPTS}: not quoted)"
-    return f"{text} {bounds} (n={n}{estimate.detail})" if bounds else f"{text} (n={n}{estimate.detail})"
-
-
-def estimate_columns(name: str, estimate: Estimate) -> dict[str, Any]:
-    """CSV columns ``<name>, <name>_low, <name>_high, <name>_n`` (bounds empty without an interval, all four empty
-    without a number)."""
-    n = estimate.n if estimate.value is not None else None
-    return {name: estimate.value, f"{name}_low": estimate.low, f"{name}_high": estimate.high, f"{name}_n": n}
 
 
 def scored(result: EvalResult) -> int:
@@ -288,45 +212,57 @@ def skip_text(r: EvalResult) -> str:
 A_A_METHOD = "autoregressive@aa"
 
 
+def eval_columns(metrics: list[str], peers: list[EvalResult], framework: bool = True) -> list[Column[EvalResult]]:
+    """The per-method table, for the README (the columns with a header) and ``tables/eval.csv`` (those with a
+    field): every quality metric, speed-up and acceptance with interval and n; ``peers``: the results an exact
+    method may take its quality from; ``framework``: the speed-up against transformers' own greedy too."""
+
+    def borrowed(r: EvalResult) -> str | None:
+        source = quality_source(r, peers)
+        return None if source is r else source.method
+
+    def extra(key: str) -> Callable[[EvalResult], Any]:
+        return lambda r: (r.extra_memory or {}).get(key)
+
+    def prov(key: str) -> Callable[[EvalResult], Any]:
+        return lambda r: getattr(r.provenance, key)
+
+    return [
+        Column(None, "model", lambda r: r.model),
+        Column(None, "task", lambda r: r.task),
+        Column("method", "method", lambda r: r.method, align="l",
+               text=lambda r: r.method + (" †" if borrowed(r) else "")),
+        Column(None, "base_method", lambda r: r.family),
+        Column("options", "options", lambda r: options_text(r.options), align="l",
+               text=lambda r: options_text(r.options) + skip_text(r)),
+        Column(None, "dtype", lambda r: r.dtype),
+        Column(None, "num_samples", lambda r: r.num_samples),
+        *[Column(m, f"quality_{m}", lambda r, m=m: quality_estimate(r, m, peers)) for m in metrics],
+        Column(None, "quality_from", borrowed),
+        Column("ms/token", "time_per_token_ms", lambda r: r.speed.time_per_token_ms, digits=2),
+        Column("speed-up", "speedup_vs_greedy", lambda r: speed_estimate(r, "speedup_vs_greedy"), "x"),
+        *([Column("vs own greedy ‡", "speedup_vs_framework_greedy",
+                  lambda r: speed_estimate(r, "speedup_vs_framework_greedy"), "x")] if framework else []),
+        Column("acceptance", "acceptance_rate", lambda r: speed_estimate(r, "acceptance_rate"), "pct"),
+        Column("tokens/round", "tokens_per_round", lambda r: r.speed.tokens_per_round, digits=2),
+        Column("tokens/sample", "tokens_per_sample", tokens_per_sample, digits=1),
+        Column("ideal fraction", "ideal_fraction", lambda r: r.speed.ideal_fraction, digits=2),
+        Column("failed", "num_failed", lambda r: r.num_failed),
+        Column(None, "extra_parameters", extra("num_parameters")),
+        Column(None, "extra_memory_bytes", extra("bytes")),
+        Column(None, "exact_claimed", lambda r: r.correctness.exact_claimed),
+        Column(None, "num_mismatched", lambda r: r.correctness.num_mismatched),
+        Column(None, "mismatch_rate", lambda r: speed_estimate(r, "mismatch_rate")),
+        Column("exactness", None, exactness, align="l"),
+        Column(None, "sample_seed", lambda r: (r.sample or {}).get("seed")),
+        *[Column(None, key, prov(key)) for key in ("device", "threads", "git_commit", "date")],
+    ]  # fmt: skip
+
+
 def eval_table(rows: list[EvalResult]) -> list[str]:
-    """One (task, model): a row per method; every quality metric, speed-up and acceptance with interval and n."""
-    metrics = quality_metrics(rows)
-    header = [
-        "method",
-        "options",
-        *metrics,
-        "ms/token",
-        "speed-up",
-        "acceptance",
-        "tokens/round",
-        "tokens/sample",
-        "ideal fraction",
-        "failed",
-        "exactness",
-    ]
+    """One (task, model): a row per method (:func:`eval_columns`), then the notes its marks point to."""
     framework = any(r.speed.speedup_vs_framework_greedy is not None for r in rows)
-    if framework:
-        header.insert(header.index("speed-up") + 1, "vs own greedy ‡")
-    body = []
-    for r in rows:
-        borrowed = quality_source(r, rows) is not r
-        body.append(
-            [
-                r.method + (" †" if borrowed else ""),
-                options_text(r.options) + skip_text(r),
-                *[fmt_estimate(quality_estimate(r, m, rows)) for m in metrics],
-                fmt(r.speed.time_per_token_ms, 2),
-                fmt_estimate(speed_estimate(r, "speedup_vs_greedy"), "x"),
-                *([fmt_estimate(speed_estimate(r, "speedup_vs_framework_greedy"), "x")] if framework else []),
-                fmt_estimate(speed_estimate(r, "acceptance_rate"), "pct"),
-                fmt(r.speed.tokens_per_round, 2),
-                fmt(tokens_per_sample(r), 1),
-                fmt(r.speed.ideal_fraction, 2),
-                str(r.num_failed),
-                exactness(r),
-            ]
-        )
-    lines = markdown_table(header, body, "ll" + "r" * (len(metrics) + 7 + framework) + "l")
+    lines = markdown(eval_columns(quality_metrics(rows), rows, framework), rows)
     if framework:
         lines += [
             "",
@@ -1168,34 +1104,31 @@ def prediction_section(results: Results, papers: tuple[Paper, ...]) -> list[str]
             "_No paper row matches a measured shape (set `shape:` in replications/*.yaml to a cost_model shape name)._",
             "",
         ]
-    body = [
-        [
-            r["row"],
-            r["shape"],
-            f"{r['device']} {r['dtype']}",
-            f"E{r['exit_layer']} d{r['num_speculations']}",
-            fmt_pct(r["acceptance"]),
-            fmt(r["c_draft"]),
-            fmt(r["c_verify"]),
-            fmt_x(r["predicted_speedup"]),
-            fmt_x(r["reported_speedup"]),
-            fmt(r["reported_over_predicted"], 2),
-        ]
-        for r in rows
-    ]
-    header = [
-        "paper row",
-        "shape",
-        "measured on",
-        "config",
-        "acceptance",
-        "c_draft",
-        "c_verify",
-        "predicted",
-        "reported",
-        "reported / predicted",
-    ]
-    return [*lines, *markdown_table(header, body, "llllrrrrrr"), ""]
+    return [*lines, *markdown(PREDICTION_COLUMNS, rows), ""]
+
+
+def _key(name: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda row: row[name]
+
+
+# tables/predicted_vs_reported.csv (the fields) and the README table (the headers)
+PREDICTION_COLUMNS: list[Column[dict[str, Any]]] = [
+    Column("paper row", "row", _key("row"), align="l"),
+    Column("shape", "shape", _key("shape"), align="l"),
+    Column(None, "cost_model", _key("cost_model")),
+    Column(None, "device", _key("device")),
+    Column(None, "dtype", _key("dtype")),
+    Column("measured on", None, lambda r: f"{r['device']} {r['dtype']}", align="l"),
+    Column(None, "exit_layer", _key("exit_layer")),
+    Column(None, "num_speculations", _key("num_speculations")),
+    Column("config", None, lambda r: f"E{r['exit_layer']} d{r['num_speculations']}", align="l"),
+    Column("acceptance", "acceptance", _key("acceptance"), "pct"),
+    Column("c_draft", "c_draft", _key("c_draft")),
+    Column("c_verify", "c_verify", _key("c_verify")),
+    Column("predicted", "predicted_speedup", _key("predicted_speedup"), "x"),
+    Column("reported", "reported_speedup", _key("reported_speedup"), "x"),
+    Column("reported / predicted", "reported_over_predicted", _key("reported_over_predicted"), digits=2),
+]
 
 
 def plots_section(plot_files: list[Path], out_dir: Path) -> list[str]:
@@ -1244,44 +1177,8 @@ def render_readme(
 
 def eval_rows(results: Results) -> list[dict[str, Any]]:
     """``tables/eval.csv``: every number with ``_low``, ``_high`` (95% interval, empty if not stored) and ``_n``."""
-    metric_names = sorted({k for r in results.evals for k in r.scalar_quality()})
-    rows = []
-    for r in results.evals:
-        quality: dict[str, Any] = {}
-        for k in metric_names:
-            quality.update(estimate_columns(f"quality_{k}", quality_estimate(r, k, results.evals)))
-        rows.append(
-            {
-                "model": r.model,
-                "task": r.task,
-                "method": r.method,
-                "base_method": r.family,
-                "options": options_text(r.options),
-                "dtype": r.dtype,
-                "num_samples": r.num_samples,
-                "num_failed": r.num_failed,
-                **quality,
-                "quality_from": quality_source(r, results.evals).method
-                if quality_source(r, results.evals) is not r
-                else None,
-                "time_per_token_ms": r.speed.time_per_token_ms,
-                **estimate_columns("speedup_vs_greedy", speed_estimate(r, "speedup_vs_greedy")),
-                **estimate_columns("acceptance_rate", speed_estimate(r, "acceptance_rate")),
-                "tokens_per_round": r.speed.tokens_per_round,
-                "ideal_fraction": r.speed.ideal_fraction,
-                "extra_parameters": (r.extra_memory or {}).get("num_parameters"),
-                "extra_memory_bytes": (r.extra_memory or {}).get("bytes"),
-                "exact_claimed": r.correctness.exact_claimed,
-                "num_mismatched": r.correctness.num_mismatched,
-                **estimate_columns("mismatch_rate", speed_estimate(r, "mismatch_rate")),
-                "sample_seed": (r.sample or {}).get("seed"),
-                "device": r.provenance.device,
-                "threads": r.provenance.threads,
-                "git_commit": r.provenance.git_commit,
-                "date": r.provenance.date,
-            }
-        )
-    return rows
+    metrics = sorted({k for r in results.evals for k in r.scalar_quality()})
+    return csv_rows(eval_columns(metrics, results.evals), results.evals)
 
 
 def per_domain_rows(results: Results) -> list[dict[str, Any]]:
@@ -1352,20 +1249,6 @@ def paper_rows(papers: tuple[Paper, ...]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
-    """Write dict rows (columns = union of keys, first-seen order) as CSV; None becomes an empty cell."""
-    columns: list[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
-    return path
-
-
 def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -1430,7 +1313,7 @@ def write_text_outputs(
         "sweep.csv": [r.model_dump() for r in results.sweep.rows] if results.sweep else [],
         "probe.csv": probe_rows(results),
         "calibrate.csv": calibration_rows(results),
-        "predicted_vs_reported.csv": prediction_rows(results, papers),
+        "predicted_vs_reported.csv": csv_rows(PREDICTION_COLUMNS, prediction_rows(results, papers)),
         "paper_rows.csv": paper_rows(papers),
         "throughput.csv": table_rows(results.throughput) if results.throughput else [],
     }

@@ -8,6 +8,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from exitbench.report.format import NONE, Column, fmt, markdown
 from exitbench.report.results import Provenance
 
 SOURCE = "throughput/throughput.json"
@@ -18,15 +19,11 @@ def provenance_of(data: dict[str, Any]) -> Provenance:
     return Provenance.model_validate(data["provenance"])
 
 
-def _num(value: Any, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
-
-
 def _speedup(row: dict[str, Any]) -> str:
     if row.get("speedup_vs_greedy") is None:
         return "–"
     low, high, n = row.get("speedup_vs_greedy_low"), row.get("speedup_vs_greedy_high"), row.get("speedup_vs_greedy_n")
-    return f"{row['speedup_vs_greedy']:.2f}x [{_num(low, '.2f')}, {_num(high, '.2f')}] n={n}"
+    return f"{row['speedup_vs_greedy']:.2f}x [{fmt(low, 2)}, {fmt(high, 2)}] n={n}"
 
 
 def _acceptance(row: dict[str, Any]) -> str:
@@ -42,7 +39,7 @@ def _depth(row: dict[str, Any]) -> str:
     if row.get("batch_effective_depth") is not None:
         carried = f"{row['carried_layer_share']:.0%} carried"
         return f"{row['mean_exit_layer']:.1f} / {row['batch_effective_depth']:.1f} ({carried})"
-    return _num(row.get("mean_exit_layer"), ".1f")
+    return fmt(row.get("mean_exit_layer"), 1)
 
 
 def _mismatches(row: dict[str, Any]) -> str:
@@ -82,38 +79,24 @@ def throughput_section(data: dict[str, Any] | None) -> list[str]:
         lines.append(f"- skipped {skipped['what']}: {skipped['why']}")
     if data.get("skipped"):
         lines.append("")
-    header = [
-        "method",
-        "B",
-        "tokens/s",
-        "ms/token",
-        "speed-up vs greedy at B",
-        "greedy scaling vs B=1",
-        "mismatches",
-        "acceptance",
-        "exit depth",
-        "padded prefill",
-    ]
-    body = []
-    for row in sorted(data["rows"], key=lambda r: (r["method"] != GREEDY, r["method"], r["batch_size"])):
-        body.append(
-            [
-                f"`{row['method']}`",
-                str(row["batch_size"]),
-                _num(row["tokens_per_s"], ".1f"),
-                _num(row["ms_per_token"], ".2f"),
-                _speedup(row),
-                _num(row.get("greedy_scaling_vs_b1"), ".2f"),
-                _mismatches(row),
-                _acceptance(row),
-                _depth(row),
-                _num(row.get("padded_prefill_share"), ".0%"),
-            ]
-        )
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("| " + " | ".join(["---", "---:", "---:", "---:", "---:", "---:", "---", "---", "---", "---:"]) + " |")
-    lines += ["| " + " | ".join(cells) + " |" for cells in body]
-    return [*lines, ""]
+    rows = sorted(data["rows"], key=lambda r: (r["method"] != GREEDY, r["method"], r["batch_size"]))
+    return [*lines, *markdown(THROUGHPUT_COLUMNS, rows), ""]
+
+
+Row = dict[str, Any]
+# the README table (tables/throughput.csv is the stage's rows as they are: every field)
+THROUGHPUT_COLUMNS: list[Column[Row]] = [
+    Column("method", None, lambda r: f"`{r['method']}`", align="l"),
+    Column("B", None, lambda r: r["batch_size"]),
+    Column("tokens/s", None, lambda r: r["tokens_per_s"], digits=1),
+    Column("ms/token", None, lambda r: r["ms_per_token"], digits=2),
+    Column("speed-up vs greedy at B", None, _speedup),
+    Column("greedy scaling vs B=1", None, lambda r: r.get("greedy_scaling_vs_b1"), digits=2),
+    Column("mismatches", None, _mismatches, align="l"),
+    Column("acceptance", None, _acceptance, align="l"),
+    Column("exit depth", None, _depth, align="l"),
+    Column("padded prefill", None, lambda r: NONE if (v := r.get("padded_prefill_share")) is None else f"{v:.0%}"),
+]
 
 
 def plot_throughput(

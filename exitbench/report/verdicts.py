@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from exitbench.replications import CLAIM_KINDS, Paper
+from exitbench.report.format import NONE, Column, escape, fmt, markdown, rounded
 from exitbench.stats import Interval
 
 REPRODUCED = "reproduced"
@@ -132,21 +133,13 @@ def split(verdicts: Sequence[Verdict]) -> tuple[list[Verdict], list[Verdict], li
 # ------------------------------------------------------------------------------------------ Markdown
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _g(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}g}"
-
-
 def describe_interval(interval: Interval | None) -> str:
     """'0.718 [0.664, 0.771] n=25' (the bounds left out when the interval is a point)."""
     if interval is None:
         return "–"
-    text = _g(interval.estimate)
+    text = fmt(interval.estimate, kind="g")
     if interval.low != interval.high:
-        text += f" [{_g(interval.low)}, {_g(interval.high)}]"
+        text += f" [{fmt(interval.low, kind='g')}, {fmt(interval.high, kind='g')}]"
     return f"{text} n={interval.n if interval.n else 'not stated'}"
 
 
@@ -159,21 +152,21 @@ def tolerance_text(v: Verdict) -> str:
     )
 
 
+VERDICT_COLUMNS: list[Column[Verdict]] = [
+    Column("claim or row", None, lambda v: f"`{v.claim_id}`{' ★' if v.headline else ''}: {v.subject}", align="l"),
+    Column("source", None, lambda v: v.source, align="l"),
+    Column("paper", None, lambda v: v.paper_text + (f"; band {v.band.describe()}" if v.band else ""), align="l"),
+    Column("ours (interval, n)", None, lambda v: describe_interval(v.ours), align="l"),
+    Column("tol.", None, tolerance_text),
+    Column("verdict", None, lambda v: f"**{v.verdict}**", align="l"),
+    Column("note", None, lambda v: "; ".join([*v.reasons, *v.notes]) or NONE, align="l"),
+]
+
+
 def verdict_table(verdicts: Sequence[Verdict], empty: str) -> list[str]:
     """The one verdict table (claims, the paper's consistency and figures alike); ``empty``: said instead of a
     table without rows."""
-    if not verdicts:
-        return [empty]
-    lines = ["| claim or row | source | paper | ours (interval, n) | tol. | verdict | note |",
-             "|---|---|---|---|---:|---|---|"]  # fmt: skip
-    for v in verdicts:
-        paper = _cell(v.paper_text) + (f"; band {v.band.describe()}" if v.band is not None else "")
-        note = _cell("; ".join([*v.reasons, *v.notes])) or "–"
-        lines.append(
-            f"| `{v.claim_id}`{' ★' if v.headline else ''}: {_cell(v.subject)} | {_cell(v.source)} | {paper} "
-            f"| {describe_interval(v.ours)} | {tolerance_text(v)} | **{v.verdict}** | {note} |"
-        )
-    return lines
+    return markdown(VERDICT_COLUMNS, verdicts) if verdicts else [empty]
 
 
 def _counts(verdicts: Sequence[Verdict]) -> str:
@@ -207,10 +200,10 @@ def render_markdown(
     ]
     for paper in papers:
         for claim in paper.claims:
-            extra = f" _{_cell(' '.join(claim.notes))}_" if claim.notes else ""
+            extra = f" _{escape(' '.join(claim.notes))}_" if claim.notes else ""
             lines.append(
                 f"- `{claim.id}` ({claim.kind}{', unverified' if claim.unverified else ''}): "
-                f"{_cell(claim.statement)}{extra}"
+                f"{escape(claim.statement)}{extra}"
             )
     lines += [
         "",
@@ -241,7 +234,7 @@ def render_markdown(
             "",
             "Caveats from the paper:",
             "",
-            *[f"- {_cell(c)}" for c in paper.caveats],
+            *[f"- {escape(c)}" for c in paper.caveats],
             "",
         ]  # fmt: skip
     return "\n".join(lines)
@@ -250,25 +243,21 @@ def render_markdown(
 # ------------------------------------------------------------------------------------------ JSON
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(value, 4)
-
-
 def _interval_json(interval: Interval | None) -> dict[str, Any] | None:
     if interval is None:
         return None
-    return {"estimate": _round(interval.estimate), "low": _round(interval.low), "high": _round(interval.high),
+    return {"estimate": rounded(interval.estimate), "low": rounded(interval.low), "high": rounded(interval.high),
             "n": interval.n, "confidence": interval.confidence, "method": interval.method}  # fmt: skip
 
 
 def verdict_json(v: Verdict) -> dict[str, Any]:
     """One verdict as JSON (reasons and notes joined)."""
-    band = None if v.band is None else {"low": _round(v.band.low), "high": _round(v.band.high),
+    band = None if v.band is None else {"low": rounded(v.band.low), "high": rounded(v.band.high),
                                         "open_low": v.band.open_low, "text": v.band.describe()}  # fmt: skip
     return {
         "id": v.claim_id, "paper": v.paper, "kind": v.kind, "subject": v.subject, "model": v.model,
-        "source": v.source, "headline": v.headline, "paper_value": _round(v.paper_value), "paper_text": v.paper_text,
-        "band": band, "ours": _interval_json(v.ours), "ratio": _round(v.ratio), "tolerance": v.tolerance,
+        "source": v.source, "headline": v.headline, "paper_value": rounded(v.paper_value), "paper_text": v.paper_text,
+        "band": band, "ours": _interval_json(v.ours), "ratio": rounded(v.ratio), "tolerance": v.tolerance,
         "tolerance_mode": v.tolerance_mode, "verdict": v.verdict, "our_source": v.our_source,
         "reasons": "; ".join(v.reasons), "notes": "; ".join(v.notes),
     }  # fmt: skip
@@ -291,9 +280,9 @@ def check_json(verdicts: Sequence[Verdict], default_tolerance: float, profile: s
 
     def brief(v: Verdict) -> dict[str, Any]:
         ours = v.ours
-        return {"verdict": v.verdict, "ours": _round(ours.estimate) if ours else None,
-                "low": _round(ours.low) if ours else None, "high": _round(ours.high) if ours else None,
-                "paper": _round(v.paper_value)}  # fmt: skip
+        return {"verdict": v.verdict, "ours": rounded(ours.estimate) if ours else None,
+                "low": rounded(ours.low) if ours else None, "high": rounded(ours.high) if ours else None,
+                "paper": rounded(v.paper_value)}  # fmt: skip
 
     return {
         "profile": profile,
