@@ -456,30 +456,6 @@ def verify_scaling_lines(prov: Provenance) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def sweep_cells(row: SweepRow) -> list[str]:
-    return [
-        row.model,
-        row.dtype,
-        row.method,
-        fmt(row.exit_layer),
-        fmt(row.num_speculations),
-        fmt(row.time_per_token_ms, 2),
-        fmt(row.iqr_ms, 2),
-        fmt_estimate(sweep_estimate(row, "speedup_vs_greedy"), "x"),
-        pass_range(row),
-        fmt_estimate(sweep_estimate(row, "acceptance_rate"), "pct"),
-        fmt(row.tokens_per_round, 2),
-        fmt(row.c_draft),
-        fmt(row.c_tail),
-        fmt(row.c_verify),
-        fmt_x(row.ideal_speedup),
-        fmt(row.ideal_fraction, 2),
-        fmt(None if row.bytes_per_token is None else row.bytes_per_token / 1e6, 0),
-        fmt(None if row.roofline_fraction is None else 100 * row.roofline_fraction, 0),
-        fmt(row.exact) if row.num_mismatched in (None, 0) else f"no ({row.num_mismatched})",
-    ]
-
-
 def pass_range(row: SweepRow) -> str:
     """The lowest and highest single-pass speed-up ("0.97-1.04x"), or "-" with fewer than two passes."""
     passes = row.speedup_passes or ()
@@ -556,32 +532,39 @@ def sweep_section(results: Results) -> list[str]:
                 f"d={fmt(best.num_speculations)} → **{speedup}**"
             )
     lines.append("")
-    header = [
-        "model",
-        "dtype",
-        "method",
-        "E",
-        "d",
-        "ms/token",
-        "IQR ms",
-        "speed-up",
-        "passes",
-        "acceptance",
-        "tokens/round",
-        "c_draft",
-        "c_tail",
-        "c_verify",
-        "ideal",
-        "ideal fraction",
-        "MB/token",
-        "% roofline",
-        "exact",
-    ]
     rows = sorted(
         sweep.rows, key=lambda r: (r.model, r.dtype, method_key(r.method), r.exit_layer or 0, r.num_speculations or 0)
     )
-    table = markdown_table(header, [sweep_cells(r) for r in rows], "lllrrrrrrrrrrrrrrrl")
-    return [*lines, *table, "", *noise_floor_lines(rows), ""]
+    return [*lines, *markdown(SWEEP_COLUMNS, rows), "", *noise_floor_lines(rows), ""]
+
+
+def _per_million(value: float | None) -> float | None:
+    return None if value is None else value / 1e6
+
+
+# the README's sweep table (tables/sweep.csv is the stage's rows as they are: every field)
+SWEEP_COLUMNS: list[Column[SweepRow]] = [
+    Column("model", None, lambda r: r.model, align="l"),
+    Column("dtype", None, lambda r: r.dtype, align="l"),
+    Column("method", None, lambda r: r.method, align="l"),
+    Column("E", None, lambda r: r.exit_layer),
+    Column("d", None, lambda r: r.num_speculations),
+    Column("ms/token", None, lambda r: r.time_per_token_ms, digits=2),
+    Column("IQR ms", None, lambda r: r.iqr_ms, digits=2),
+    Column("speed-up", None, lambda r: sweep_estimate(r, "speedup_vs_greedy"), "x"),
+    Column("passes", None, pass_range),
+    Column("acceptance", None, lambda r: sweep_estimate(r, "acceptance_rate"), "pct"),
+    Column("tokens/round", None, lambda r: r.tokens_per_round, digits=2),
+    Column("c_draft", None, lambda r: r.c_draft),
+    Column("c_tail", None, lambda r: r.c_tail),
+    Column("c_verify", None, lambda r: r.c_verify),
+    Column("ideal", None, lambda r: r.ideal_speedup, "x"),
+    Column("ideal fraction", None, lambda r: r.ideal_fraction, digits=2),
+    Column("MB/token", None, lambda r: _per_million(r.bytes_per_token), digits=0),
+    Column("% roofline", None, lambda r: None if r.roofline_fraction is None else 100 * r.roofline_fraction, digits=0),
+    Column("exact", None, lambda r: fmt(r.exact) if r.num_mismatched in (None, 0) else f"no ({r.num_mismatched})",
+           align="l"),
+]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ control comparison
@@ -884,40 +867,26 @@ def calibration_table(rows: list[tuple[str, CalibrationRow]]) -> list[str]:
     """One task's rows (model, row) sorted by model, δ, KV strategy, measure."""
     metrics = sorted({r.quality_metric for _, r in rows if r.quality_metric})
     quality = f"quality calm / greedy ({', '.join(metrics)})" if metrics else "quality calm / greedy"
-    header = [
-        "model",
-        "δ",
-        "KV",
-        "measure",
-        "threshold",
-        "certified",
-        "cal. risk",
-        "test risk",
-        "test risk ≤ δ",
-        "avg exit layer",
-        "speed-up",
-        quality,
+    def speedup(r: CalibrationRow) -> str:
+        if r.speedup_vs_greedy is None or not too_few_timed(r.num_test):
+            return fmt_x(r.speedup_vs_greedy)
+        return f"({fmt_x(r.speedup_vs_greedy)}, n={r.num_test} < {MIN_SPEED_PROMPTS}: not quoted)"
+
+    columns: list[Column[tuple[str, CalibrationRow]]] = [
+        Column("model", None, lambda mr: mr[0], align="l"),
+        Column("δ", None, lambda mr: mr[1].delta, digits=2),
+        Column("KV", None, lambda mr: mr[1].kv_strategy, align="l"),
+        Column("measure", None, lambda mr: mr[1].measure, align="l"),
+        Column("threshold", None, lambda mr: threshold_cell(mr[1]), align="l"),
+        Column("certified", None, lambda mr: certified_cell(mr[1]), align="l"),
+        Column("cal. risk", None, lambda mr: mr[1].calibration_risk),
+        Column("test risk", None, lambda mr: mr[1].test_risk),
+        Column("test risk ≤ δ", None, lambda mr: risk_ok_cell(mr[1]), align="l"),
+        Column("avg exit layer", None, lambda mr: mr[1].avg_exit_layer, digits=1),
+        Column("speed-up", None, lambda mr: speedup(mr[1])),
+        Column(quality, None, lambda mr: quality_cell(mr[1])),
     ]
-    body = [
-        [
-            model,
-            fmt(r.delta, 2),
-            r.kv_strategy,
-            r.measure,
-            threshold_cell(r),
-            certified_cell(r),
-            fmt(r.calibration_risk),
-            fmt(r.test_risk),
-            risk_ok_cell(r),
-            fmt(r.avg_exit_layer, 1),
-            fmt_x(r.speedup_vs_greedy)
-            if r.speedup_vs_greedy is None or not too_few_timed(r.num_test)
-            else f"({fmt_x(r.speedup_vs_greedy)}, n={r.num_test} < {MIN_SPEED_PROMPTS}: not quoted)",
-            quality_cell(r),
-        ]
-        for model, r in sorted(rows, key=lambda mr: (mr[0], mr[1].delta, mr[1].kv_strategy, mr[1].measure))
-    ]
-    return markdown_table(header, body, "lrllllrrlrrr")
+    return markdown(columns, sorted(rows, key=lambda mr: (mr[0], mr[1].delta, mr[1].kv_strategy, mr[1].measure)))
 
 
 def calibration_section(results: Results) -> list[str]:
@@ -992,42 +961,46 @@ def training_section(results: Results, papers: tuple[Paper, ...]) -> list[str]:
     return lines
 
 
-def _adapter_row(report: TrainReport) -> list[str]:
-    d = report.data
-    agree, kl = d.get("agreement", {}), d.get("kl", {})
-    return [report.variant, str(d.get("exit_layer")), str(d.get("steps")), fmt(d.get("seconds"), 0),
-            str(d.get("held_out_positions")), fmt(agree.get("early_exit"), 3), fmt(agree.get("adapter_untrained"), 3),
-            fmt(agree.get("adapter_trained"), 3), fmt(kl.get("early_exit"), 2), fmt(kl.get("adapter_trained"), 2)]
+def _data(header: str, path: str, digits: int = 3) -> Column[TrainReport]:
+    """A column of the number at ``a`` or ``a/b`` in a training report's data."""
+    first, _, second = path.partition("/")
+
+    def get(report: TrainReport) -> Any:
+        value = report.data.get(first)
+        return value.get(second) if second and isinstance(value, dict) else value
+
+    return Column(header, None, get, digits=digits)
 
 
-def _router_row(report: TrainReport) -> list[str]:
-    d = report.data
-    routed, control = d.get("routed", {}), d.get("static_control", {})
-    layers = d.get("routed_layers") or []
-    span = f"{layers[0]}..{layers[-1]}" if layers else "–"
-    return [report.variant, str(d.get("granularity")), span, fmt(d.get("target_capacity"), 2), str(d.get("steps")),
-            fmt(d.get("seconds"), 0), str(d.get("held_out_positions")), fmt(routed.get("capacity"), 2),
-            fmt(routed.get("agreement"), 3), fmt(routed.get("kl"), 2), str(control.get("skip")),
-            fmt(control.get("agreement"), 3), fmt(control.get("kl"), 2)]
+def _span(report: TrainReport) -> str:
+    layers = report.data.get("routed_layers") or []
+    return f"{layers[0]}..{layers[-1]}" if layers else "–"
 
 
-#: each add-on stage's report folder: (title, header, row)
-ADDON_TABLES: dict[str, tuple[str, list[str], Callable[[TrainReport], list[str]]]] = {
+_VARIANT: Column[TrainReport] = Column("model", None, lambda r: r.variant, align="l")
+#: each add-on stage's report folder: (title, columns)
+ADDON_TABLES: dict[str, tuple[str, list[Column[TrainReport]]]] = {
     "adapters": (
         "Kangaroo adapters (`train_adapters`): held-out top-1 agreement with the full model, and KL, of the adapter "
         "before and after training beside plain early exit at the same layer (its control)",
-        ["model", "E", "steps", "seconds", "positions", "agree: early exit", "adapter untrained", "adapter trained",
-         "KL: early exit", "adapter trained"],
-        _adapter_row,
+        [_VARIANT, _data("E", "exit_layer"), _data("steps", "steps"), _data("seconds", "seconds", 0),
+         _data("positions", "held_out_positions"), _data("agree: early exit", "agreement/early_exit"),
+         _data("adapter untrained", "agreement/adapter_untrained"),
+         _data("adapter trained", "agreement/adapter_trained"), _data("KL: early exit", "kl/early_exit", 2),
+         _data("adapter trained", "kl/adapter_trained", 2)],
     ),
     "routers": (
         "MindSkip routers (`train_routers`): on held-out text, the share of routed attention run (capacity), top-1 "
         "agreement with the full model and KL, beside the static control (the most-skipped layers, every input)",
-        ["model", "granularity", "routed", "target", "steps", "seconds", "positions", "capacity", "agreement", "KL",
-         "static skip", "static agreement", "static KL"],
-        _router_row,
+        [_VARIANT, Column("granularity", None, lambda r: r.data.get("granularity"), align="l"),
+         Column("routed", None, _span, align="l"),
+         _data("target", "target_capacity", 2), _data("steps", "steps"), _data("seconds", "seconds", 0),
+         _data("positions", "held_out_positions"), _data("capacity", "routed/capacity", 2),
+         _data("agreement", "routed/agreement"), _data("KL", "routed/kl", 2),
+         _data("static skip", "static_control/skip"), _data("static agreement", "static_control/agreement"),
+         _data("static KL", "static_control/kl", 2)],
     ),
-}
+}  # fmt: skip
 
 
 def addons_section(results: Results) -> list[str]:
@@ -1036,8 +1009,8 @@ def addons_section(results: Results) -> list[str]:
         return []
     lines = ["## Trained add-ons", ""]
     for folder, reports in results.addons.items():
-        title, header, row = ADDON_TABLES[folder]
-        lines += [f"{title}:", "", *markdown_table(header, [row(r) for r in reports]), ""]
+        title, columns = ADDON_TABLES[folder]
+        lines += [f"{title}:", "", *markdown(columns, reports), ""]
     return lines
 
 
