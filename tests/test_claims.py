@@ -585,6 +585,24 @@ def test_mindskip_claims_read_its_quality_beside_greedy_and_beside_its_static_co
         assert all(v.subject.startswith("layerskip") for v in got[claim])
 
 
+@pytest.mark.parametrize(("routed_rate", "comparable"), [(0.04, False), (0.33, False), (0.37, True), (0.43, True)])
+def test_routing_above_static_is_judged_only_at_the_same_skip_rate(fake_results: Path, routed_rate: float,
+                                                                  comparable: bool) -> None:
+    """The claim is at the same skip rate: a learned run that skipped far less than its static control keeps more
+    quality for that reason alone, so more than 5 points apart the verdict is not comparable (the figure shown)."""
+    routed, static = [1.0] * 29 + [0.0] * 11, [1.0] * 20 + [0.0] * 20
+    _write(fake_results, _summary("layerskip", "mindskip", routed, speed={"skip_rate": routed_rate}), _records(routed))
+    control = _summary("layerskip", "mindskip@static", static, options={"routing": "static"}, speed={"skip_rate": 0.4})
+    _write(fake_results, {**control, "base_method": "mindskip"}, _records(static))
+    (above,) = _by_claim(fake_results)["rt-claim-routing-above-static"]
+    assert above.ours.estimate == pytest.approx(9 / 40)
+    if comparable:
+        assert above.verdict == REPRODUCED and not above.reasons
+    else:
+        assert above.verdict == NOT_COMPARABLE
+        assert f"mindskip skipped {routed_rate:.0%} and mindskip@static 40%" in above.reasons[0]
+
+
 def test_mindskip_claims_without_a_reference_or_control_are_not_measured(fake_results: Path) -> None:
     _write(fake_results, _summary("calm", "mindskip", [1.0, 0.0]), _records([1.0, 0.0]))
     got = _by_claim(fake_results)

@@ -864,9 +864,11 @@ def _skip_note(result: EvalResult) -> list[str]:
 
 
 def _against(ctx: _Ctx, other: Callable[[str, EvalResult], EvalResult | None], what: str, subject: str,
-             measure: Callable[[EvalResult, EvalResult, str], Measured], value: float, text: str) -> list[Verdict]:
+             measure: Callable[[EvalResult, EvalResult, str], Measured], value: float, text: str,
+             unlike: Callable[[EvalResult, EvalResult], str | None] = lambda a, b: None) -> list[Verdict]:
     """For each model and task, the claim's method (its unlabelled instance: a ``method@name`` control is no
-    subject) measured against ``other(model, result)``, on the claim's metric or the task's primary one."""
+    subject) measured against ``other(model, result)``, on the claim's metric or the task's primary one;
+    ``unlike(result, other)``: why the two runs are not in the claim's setting (the verdict: not comparable)."""
     m = ctx.claim.maps_to
     out = []
     for model in ctx.models():
@@ -886,8 +888,10 @@ def _against(ctx: _Ctx, other: Callable[[str, EvalResult], EvalResult | None], w
                 out.append(ctx.not_measured(why, subject=name))
                 continue
             notes = [f"metric: {metric}", *_skip_note(result), *_skip_note(reference)]
+            why = unlike(result, reference)
             out.append(ctx.verdict(name, value, text, measure(result, reference, metric), source=result.source_file,
-                                   notes=list(dict.fromkeys(notes))))
+                                   notes=list(dict.fromkeys(notes)), reasons=[why] if why else [],
+                                   verdict=NOT_COMPARABLE if why else None))
     return out
 
 
@@ -901,9 +905,21 @@ def quality_fraction(ctx: _Ctx) -> list[Verdict]:
                     "", lambda a, b, metric: fraction_measured(a, b, metric, ctx.records), value, text)
 
 
+SAME_SKIP_RATE = 0.05  # two skip rates this close (absolute) count as the same rate
+
+
+def _skip_rates_differ(a: EvalResult, b: EvalResult) -> str | None:
+    """Why ``a`` and ``b`` are not at the same skip rate (both measured and more than 5 points apart), or None."""
+    ra, rb = a.speed.skip_rate, b.speed.skip_rate
+    if ra is None or rb is None or abs(ra - rb) <= SAME_SKIP_RATE:
+        return None
+    return (f"the claim compares at the same skip rate; {a.method} skipped {ra:.0%} and {b.method} {rb:.0%} "
+            f"(more than {SAME_SKIP_RATE:.0%} apart), so a quality difference is partly the skip rates'")
+
+
 def quality_above_control(ctx: _Ctx) -> list[Verdict]:
     """The method's quality minus its control's (``control_label``: the same model and task, paired by sample),
-    in the paper's direction; each one's skip rate is a note (the claim is at the same rate)."""
+    in the paper's direction, at the same skip rate (:data:`SAME_SKIP_RATE`; else not comparable)."""
     m = ctx.claim.maps_to
     value = ctx.claim.paper.value or 0.0
 
@@ -912,7 +928,7 @@ def quality_above_control(ctx: _Ctx) -> list[Verdict]:
 
     return _against(ctx, control, str(m.control_label), f" vs {m.control_label}",
                     lambda a, b, metric: difference_measured(a, b, metric, ctx.records), value,
-                    f"> {value:g} (the paper's direction)")
+                    f"> {value:g} (the paper's direction)", _skip_rates_differ)
 
 
 RULES: dict[str, Callable[[_Ctx], list[Verdict]]] = {
