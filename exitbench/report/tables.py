@@ -29,6 +29,7 @@ from exitbench.report.format import (
     fmt_x,
     markdown,
     markdown_table,
+    rounded,
     write_csv,
 )
 from exitbench.report.results import (
@@ -1222,15 +1223,11 @@ def paper_rows(papers: tuple[Paper, ...]) -> list[dict[str, Any]]:
     return rows
 
 
-def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 def _metric_entry(name: str, estimate: Estimate) -> dict[str, Any]:
     """``name``, plus ``name_low``/``name_high`` when an interval is stored, and ``name_n``."""
-    entry: dict[str, Any] = {name: _round(estimate.value)}
+    entry: dict[str, Any] = {name: rounded(estimate.value)}
     if estimate.interval is not None:
-        entry.update({f"{name}_low": _round(estimate.low), f"{name}_high": _round(estimate.high)})
+        entry.update({f"{name}_low": rounded(estimate.low), f"{name}_high": rounded(estimate.high)})
     return {**entry, f"{name}_n": estimate.n}
 
 
@@ -1242,7 +1239,7 @@ def metrics(results: Results) -> dict[str, Any]:
         primary = r.primary
         entry = {
             **_metric_entry("speedup", speed_estimate(r, "speedup_vs_greedy")),
-            "ms_per_token": _round(r.speed.time_per_token_ms),
+            "ms_per_token": rounded(r.speed.time_per_token_ms),
             **_metric_entry("acceptance", speed_estimate(r, "acceptance_rate")),
         }
         quality = quality_estimate(r, primary, results.evals) if primary else Estimate(None)
