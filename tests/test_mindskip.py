@@ -8,13 +8,21 @@ import torch
 
 from exitbench.config import RoutersConfig
 from exitbench.decoding import StopRule, build_method
+from exitbench.decoding.steps import new_cache_for
 from exitbench.errors import ExitbenchError
-from exitbench.models.router import DepthRouters, load_routers, routed_layer_indices, save_routers
+from exitbench.models.router import DepthRouters, load_routers, routed_forward, routed_layer_indices, save_routers
 from exitbench.models.tiny import random_llama
 from exitbench.models.view import EarlyExitModel, mlp_forward
 from exitbench.training import router_training, schedules
+from exitbench.training.corpora import Example, collate
 from exitbench.training.frozen import FrozenRun
-from exitbench.training.router_training import StraightThrough, static_skip_set, train_routers
+from exitbench.training.router_training import (
+    StraightThrough,
+    routed_pass,
+    routing_context,
+    static_skip_set,
+    train_routers,
+)
 from tests.decoding_helpers import greedy_tokens, prompts
 from tests.test_kangaroo import examples
 
@@ -132,6 +140,40 @@ def test_the_gate_is_hard_forward_and_straight_through_backward():
     assert x.grad.tolist() == [1.0, 2.0, 3.0]
 
 
+def test_the_routing_context_is_the_prompt_and_leaves_padding_out():
+    rows = [Example(tuple(range(3, 13)), prompt_len=4), Example(tuple(range(3, 9)), prompt_len=0)]
+    _, labels = collate(rows, pad_id=0)  # 9 positions: ids are tokens[:-1]
+    context = routing_context(labels)
+    assert context[0].tolist() == [True] * 4 + [False] * 5, "the prompt's 4 tokens, not its targets"
+    assert context[1].tolist() == [True] * 5 + [False] * 4, "no prompt: the targets, padding left out"
+
+
+def test_training_gates_are_the_decisions_decoding_makes_at_the_prompt():
+    """A training batch's gates equal what MindSkip decides at the prompt (routed_forward at the prefill), so the
+    routers learn the decisions decoding makes; pooling over the targets would not (the prompts and completions
+    below differ, and the routers' scores with them)."""
+    model = fresh_model(seed=3, num_layers=6)
+    routers = DepthRouters(model, 4)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for router in routers.routers:
+            router.weight.copy_(torch.randn(router.weight.shape, generator=gen) * 4.0)
+            router.bias.zero_()
+    lengths = [(3, 9), (5, 4), (8, 7), (4, 12), (6, 6), (7, 3)]
+    rows = [Example(tuple(torch.randint(3, 128, (p + c,), generator=gen).tolist()), prompt_len=p) for p, c in lengths]
+    ids, labels = collate(rows, pad_id=0)
+    with torch.no_grad():
+        _, gates = routed_pass(model, routers, ids, routing_context(labels))
+        for row, example in enumerate(rows):
+            prompt = torch.tensor([example.tokens[: example.prompt_len]])
+            hidden = model.embed(prompt)
+            cache = new_cache_for(model, prompt.shape[1], 1)
+            _, skipped = routed_forward(model, routers, hidden, model.rope(hidden, 0), 0, cache, None)
+            trained = {layer for k, layer in enumerate(routers.layers) if float(gates[row, k]) == 0.0}
+            assert trained == skipped, (row, trained, skipped)
+    assert 0.0 < float(gates.mean()) < 1.0, "some routed layers skipped and some run: the test decides something"
+
+
 def make_run(model: EarlyExitModel, steps: int, checkpoint_every: int = 100, target: float = 0.5) -> FrozenRun:
     cfg = RoutersConfig(
         models=["tiny"],
@@ -154,6 +196,7 @@ def test_training_brings_capacity_to_the_target_and_leaves_the_model_as_it_was(t
     before = {key: value.clone() for key, value in run.model.hf.state_dict().items()}
     report = train_routers(run, tmp_path / "ckpt", progress=False)
     assert report["capacities"][0] == 1.0, "untrained routers run every routed layer"
+    assert report["routing_context"] == "prompt", "the report says what the routers decide from"
     assert report["routed"]["capacity"] < 1.0, report["routed"]
     assert sum(report["capacities"][-10:]) / 10 <= 0.6, report["capacities"]
     skipped = report["routed"]["skipped_by_layer"]

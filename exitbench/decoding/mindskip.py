@@ -8,8 +8,8 @@ Lossy: quality is measured against greedy decoding of the same model, at the ski
 records count the layers skipped).
 
 ``routing: static`` is the control, "attention drop" at the same skip rate (the paper's Figure 2): the same number
-of layers skipped for every prompt, the ones the routers skipped most often on held-out text (stored with them;
-empty, so greedy decoding, where the routers skipped nothing there).
+of layers skipped for every prompt, the ones the routers skipped most often at held-out prompts (stored with
+them; empty, so greedy decoding, where the routers skipped nothing there).
 """
 
 from __future__ import annotations

@@ -992,9 +992,11 @@ ADDON_TABLES: dict[str, tuple[str, list[Column[TrainReport]]]] = {
     ),
     "routers": (
         "MindSkip routers (`train_routers`): on held-out text, the share of routed attention run (capacity), top-1 "
-        "agreement with the full model and KL, beside the static control (the most-skipped layers, every input)",
+        "agreement with the full model and KL, beside the static control (the most-skipped layers, every input); "
+        "routed on: the positions each router decides from (prompt: as at decoding)",
         [_VARIANT, Column("granularity", None, lambda r: r.data.get("granularity"), align="l"),
          Column("routed", None, _span, align="l"),
+         Column("routed on", None, lambda r: r.data.get("routing_context") or "–", align="l"),
          _data("target", "target_capacity", 2), _data("steps", "steps"), _data("seconds", "seconds", 0),
          _data("positions", "held_out_positions"), _data("capacity", "routed/capacity", 2),
          _data("agreement", "routed/agreement"), _data("KL", "routed/kl", 2),
