@@ -868,7 +868,8 @@ def test_the_add_ons_training_reports_get_a_table_each(results_copy: Path, tmp_p
         "kl": {"early_exit": 16.3, "adapter_untrained": 16.3, "adapter_trained": 4.95}}))
     (results_copy / "routers").mkdir()
     (results_copy / "routers" / "base.json").write_text(json.dumps({
-        "granularity": "attention", "routed_layers": list(range(14, 29)), "target_capacity": 0.5,
+        "granularity": "attention", "routing_context": "prompt", "routed_layers": list(range(14, 29)),
+        "target_capacity": 0.5,
         "steps": 200, "seconds": 630.0, "held_out_positions": 1010,
         "routed": {"capacity": 0.65, "agreement": 0.703, "kl": 0.343},
         "static_control": {"skip": [14, 17, 22, 25, 26], "agreement": 0.696, "kl": 0.311}}))
@@ -879,7 +880,8 @@ def test_the_add_ons_training_reports_get_a_table_each(results_copy: Path, tmp_p
     readme = render_readme(load_results(results_copy), PAPERS, "cpu", [], tmp_path)
     section = readme[readme.index("## Trained add-ons"):]
     assert "| base | 2 | 200 | 355 | 1010 | 0.044 | 0.044 | 0.160 | 16.30 | 4.95 |" in section
-    router_row = "| base | attention | 14..28 | 0.50 | 200 | 630 | 1010 | 0.65 | 0.703 | 0.34 | [14, 17, 22, 25, 26] |"
+    router_row = ("| base | attention | 14..28 | prompt | 0.50 | 200 | 630 | 1010 | 0.65 | 0.703 | 0.34 "
+                  "| [14, 17, 22, 25, 26] |")
     assert router_row in section
 
 
