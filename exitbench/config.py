@@ -204,6 +204,11 @@ class TaskEvalConfig(Section):
         description="speed-ups pair a method with greedy re-timed in the same round on the first N of the timing "
         "sample (at most timing_samples), 0 = the whole timing sample; exactness is checked on the whole of it",
     )
+    timed: bool = Field(
+        True,
+        description="false: nothing is timed on this task, no speed-up measured (exact methods still run on the "
+        "timing sample, checked token by token against greedy): for a timing sample too small to quote a speed-up",
+    )
 
 
 class EvaluateConfig(Section):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from exitbench.config import Config, check_exit_layers
 from exitbench.errors import ExitbenchError
 from exitbench.models.standins import HUB_LAYERS
+from exitbench.stage_plan import reference_sample_size, timing_sample_size
 
 #: parameters of the checkpoints the profiles name (model cards); other ids print as unknown size
 KNOWN_PARAMETERS = {
@@ -202,7 +203,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
     ev = cfg.evaluate
     generated = planned = prompts = prompt_tokens = 0.0
     for task, t in ev.tasks.items():
-        timing = min(t.timing_samples or t.num_samples, t.num_samples)
+        timing = timing_sample_size(t)
         for model in ev.models:
             for label in ev.methods:
                 if label != "autoregressive" and (
@@ -212,7 +213,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
                 count = t.num_samples if label == "autoregressive" or not is_exact(label) else timing
                 count = min(count, ev.method_samples.get(label, count))
                 if label != "autoregressive":  # greedy re-timed beside the method, interleaved per prompt
-                    count += min(t.reference_samples or timing, timing, count)
+                    count += min(reference_sample_size(t), count)
                 generated += count * t.max_new_tokens * TASK_DECODE_COST.get(task, 1.0)
                 planned += count * t.max_new_tokens
                 prompts += count

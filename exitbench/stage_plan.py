@@ -49,7 +49,9 @@ def timing_sample_size(task_cfg: TaskEvalConfig) -> int:
 
 def reference_sample_size(task_cfg: TaskEvalConfig) -> int:
     """How many samples of the timing sample re-time greedy beside a method (its speed-ups pair over them):
-    ``reference_samples`` capped at the timing sample (0 = all of it)."""
+    ``reference_samples`` capped at the timing sample (0 = all of it); none where the task is not ``timed``."""
+    if not task_cfg.timed:
+        return 0
     timing = timing_sample_size(task_cfg)
     return min(task_cfg.reference_samples or timing, timing)
 

@@ -261,3 +261,30 @@ def test_timing_samples_is_capped_at_num_samples():
     assert timing_sample_size(TaskEvalConfig(num_samples=2, timing_samples=3)) == 2
     assert timing_sample_size(TaskEvalConfig(num_samples=5, timing_samples=0)) == 5
     assert timing_sample_size(TaskEvalConfig(num_samples=5, timing_samples=3)) == 3
+
+
+def test_a_task_not_timed_runs_exact_methods_for_exactness_but_times_nothing(tiny_model, tmp_path, monkeypatch):
+    from exitbench import evaluation
+
+    retimed: list[int] = []
+    original = evaluation._timed_only
+    monkeypatch.setattr(evaluation, "_timed_only", lambda m, b, i: retimed.append(i) or original(m, b, i))
+    methods = {"autoregressive": {}, "early_exit": {"exit_layer": 1},
+               "self_speculative": {"exit_layer": 2, "num_speculations": 2}}  # fmt: skip
+    task = {"num_samples": 4, "max_new_tokens": 5, "timing_samples": 2}
+    ctx = EvalContext("tiny", tiny_model, CharTokenizer(), None, "tinykey", {"num_parameters": 1})
+    data = write_data(tmp_path / "data", topv2_rows({"alarm": 5, "music": 5}))
+    timed = {"evaluate": {"models": ["tiny"], "methods": methods, "draft_vocab_size": 0, "tasks": {"topv2": task}}}
+    summaries = evaluate_model_task(resolve(timed), ctx, "topv2", data, tmp_path / "timed")
+    assert retimed and all("speedup_vs_greedy" in summaries[m]["intervals"] for m in ("early_exit", "self_speculative"))
+
+    retimed.clear()
+    untimed = {"evaluate": {**timed["evaluate"], "tasks": {"topv2": {**task, "timed": False}}}}
+    summaries = evaluate_model_task(resolve(untimed), ctx, "topv2", data, tmp_path / "untimed")
+    assert retimed == []
+    for label in ("early_exit", "self_speculative"):
+        assert "speedup_vs_greedy" not in summaries[label]["intervals"]
+        assert summaries[label]["speed"].get("speedup_vs_greedy") is None
+        assert summaries[label]["speed"]["num_timed"] == 0
+    assert summaries["self_speculative"]["correctness"]["num_compared"] == 2
+    assert summaries["early_exit"]["num_samples"] == 4  # the quality sample is unchanged

@@ -389,7 +389,7 @@ def best_section(results: Results) -> list[str]:
             timed = [(r, e) for r in exact if (e := quoted_speedup(r)) is not None]
             fastest = max(timed, key=lambda p: p[1].value or 0.0, default=None)
             exact_text = f"{named(fastest[0])} {fmt_estimate(fastest[1], 'x')}" if fastest else (
-                "– (each timed on fewer than 16 prompts)" if exact else "–")
+                "– (none timed on 16 prompts or more)" if exact else "–")
             base = quality_estimate(greedy, greedy.primary, rows).value
             lossy = [r for r in rows if not r.correctness.exact_claimed]
             if not base:
@@ -399,7 +399,7 @@ def best_section(results: Results) -> list[str]:
                 usable = next((p for p in points if p[2] >= KEPT_QUALITY), None)
                 lossy_text = (f"{named(usable[0])} {fmt_estimate(usable[1], 'x')}, keeps {usable[2]:.2f}" if usable
                               else f"none keeps {KEPT_QUALITY:.0%}" if points
-                              else "– (each timed on fewer than 16 prompts)" if lossy else "–")  # fmt: skip
+                              else "– (none timed on 16 prompts or more)" if lossy else "–")  # fmt: skip
                 front_text = "; ".join(f"{p[0].method} {fmt_x(p[1].value)} / {p[2]:.2f}" for p in pareto(points))
             body.append([task, model, f"{greedy.primary} {fmt(base)}", exact_text, lossy_text, front_text or "–"])
     if not body:
