@@ -238,6 +238,12 @@ class EvaluateConfig(Section):
         "e.g. a lossy method whose quality is far from greedy's at a smaller N; a method not named runs on its "
         "default sample (greedy and lossy methods the quality sample, exact methods the timing sample)",
     )
+    quality_batch_size: int = Field(
+        1,
+        ge=1,
+        description="greedy and early exit decode the quality sample past the timing sample this many prompts at a "
+        "time (exitbench.quality_batches: each row is the batch-1 method's tokens; never timed); 1 = one at a time",
+    )
     chat_template: bool = False
     chat_template_models: dict[str, list[str]] = Field(
         {},

@@ -23,7 +23,7 @@ import hashlib
 import json
 import random
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from tqdm import tqdm
 from exitbench.config import Config, stage_view
 from exitbench.data.io import atomic_write_json, atomic_write_text, read_jsonl
 from exitbench.decoding import StopRule, base_method, build_method, method_class, parse_options
-from exitbench.decoding.base import DecodingMethod
+from exitbench.decoding.base import DecodeResult, DecodingMethod
 from exitbench.errors import ExitbenchError
 from exitbench.exit_vocab import report_path, trained_exit_vocabulary, write_draft_vocab
 from exitbench.identity import method_code_identity, model_identity
@@ -43,6 +43,7 @@ from exitbench.models.trained import TRAINED_FILES
 from exitbench.models.view import EarlyExitModel
 from exitbench.prompts import TaskBatch, encode_prompt, load_samples, stop_rule, uses_chat_template
 from exitbench.provenance import provenance
+from exitbench.quality_batches import batched_form, decode_batch, length_batches
 from exitbench.recompute_notice import announce_recompute
 from exitbench.records import RecordFile, Shard, merge_shards, stage_dir, stored_records
 from exitbench.stage_plan import (
@@ -156,6 +157,8 @@ def run_methods(
     warm_each_sample: bool = False,
     references: Mapping[str, Mapping[str, DecodingMethod]] | None = None,
     reference_limit: int | None = None,
+    batch_from: int | None = None,
+    batch_size: int = 1,
 ) -> dict[str, list[dict[str, Any]]]:
     """Generate and score every sample a method has not recorded yet, methods interleaved per sample.
 
@@ -172,7 +175,9 @@ def run_methods(
     round a reference runs once, timed and not scored, before the methods, and its decode goes into every new
     record of that round as ``field``; a reference that is itself one of ``runs`` and due in the round (greedy
     in its own stage) lends its fresh record's decode instead. Past ``reference_limit`` samples (the timing
-    sample) the field is None: the record counts for quality, not for speed.
+    sample) the field is None: the record counts for quality, not for speed. With ``batch_size`` > 1, samples
+    from ``batch_from`` on (past the timing sample) of a method with a batched form are decoded that many at a
+    time first (:mod:`exitbench.quality_batches`; never timed, no reference).
     """
     keys = batch.sample_keys
     references = references or {}
@@ -195,6 +200,15 @@ def run_methods(
     total = sum(len(indices) for indices in todo.values())
     first_method = next(iter(runs.values()))[0]
     with tqdm(total=total, desc=desc, unit="gen", leave=False) as bar:
+        if batch_size > 1 and batch_from is not None:
+            for name, (method, records) in runs.items():
+                fields = list(references.get(name, {}))
+                later = sorted(i for i in todo[name] if i >= batch_from)
+                for done_now in _in_batches(method, batch, later, batch_size):
+                    for index, record in done_now:
+                        records.append({**record, **dict.fromkeys(fields)}, keys[index])
+                        todo[name].discard(index)
+                        bar.update()
         for index in range(len(batch.samples)):
             due = [name for name in runs if index in todo[name]]
             if not due:
@@ -243,14 +257,39 @@ def _timed_only(method: DecodingMethod, batch: TaskBatch, index: int) -> dict[st
         return None
 
 
-def _one_sample(method: DecodingMethod, batch: TaskBatch, index: int) -> dict[str, Any]:
+def _in_batches(
+    method: DecodingMethod, batch: TaskBatch, indices: list[int], size: int
+) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    """The records of ``indices`` under ``method``'s batched form, ``size`` prompts a batch (each batch's as it
+    is done); nothing for a method without one. A batch that fails is left to the one-prompt path."""
+    form = batched_form(method) if indices else None
+    if form is None:
+        return
+    for chunk in length_batches(indices, batch.prompt_ids, size):
+        try:
+            results = decode_batch(form, batch.prompt_ids, chunk, batch.max_new_tokens, batch.stop)
+        except ExitbenchError:
+            raise
+        except Exception as err:  # the one-prompt path records each sample's own failure
+            tqdm.write(f"{method.name}: a batch of {len(chunk)} failed ({type(err).__name__}: {err}); one at a time")
+            continue
+        made = zip(chunk, results, strict=True)
+        yield [(index, _one_sample(method, batch, index, result, len(chunk))) for index, result in made]
+
+
+def _one_sample(
+    method: DecodingMethod, batch: TaskBatch, index: int, made: DecodeResult | None = None, batch_size: int = 1
+) -> dict[str, Any]:
+    """Sample ``index``'s scored record under ``method``, generated here unless ``made`` (a batched row) is given."""
     sample = batch.samples[index]
     record: dict[str, Any] = {"index": index, "sample_id": sample.sample_id}
     try:
-        result = method.generate(batch.prompt_ids[index], batch.max_new_tokens, batch.stop)
+        if (result := made) is None:
+            result = method.generate(batch.prompt_ids[index], batch.max_new_tokens, batch.stop)
         text = batch.tokenizer.decode(result.tokens, skip_special_tokens=True)
         completion = batch.task.postprocess(text)
-        record.update(tokens=result.tokens, completion=completion, decode=result.to_dict())
+        decode = result.to_dict() if batch_size == 1 else {**result.to_dict(), "batch_size": batch_size}
+        record.update(tokens=result.tokens, completion=completion, decode=decode)
         record["scores"] = batch.task.score(sample, completion)
         record["error"] = None
     except ExitbenchError:
@@ -466,7 +505,8 @@ def evaluate_stage(
         records_of = {label: records for label, (_, records) in runs.items()}
         announce_recompute(f"evaluate@{stage} {ctx.name}/{task_name}", target, settings, records_of, batch, limits)
     warm = ctx.model.device.type == "cuda"
-    run_args = {"references": references, "reference_limit": reference_sample_size(task_cfg), "warm_each_sample": warm}
+    run_args = {"references": references, "reference_limit": reference_sample_size(task_cfg), "warm_each_sample": warm,
+                "batch_from": timing_samples, "batch_size": cfg.evaluate.quality_batch_size}
     if shard.world > 1:
         run_methods(runs, batch, f"{stage} {ctx.name}/{task_name} rank {shard.rank}", limits, shard, **run_args)
         shard.barrier()

@@ -39,17 +39,21 @@ def summarize(
     ok = [(s, r) for s, r in zip(samples, records, strict=True) if r.get("error") is None]
     quality = task.aggregate([s for s, _ in ok], [r["scores"] for _, r in ok])
     tokens = sum(r["decode"]["num_tokens"] for _, r in ok)
-    seconds = sum(r["decode"]["wall_time_s"] for _, r in ok)
+    # a batched record's time is a share of its batch's (exitbench.quality_batches): one-at-a-time records only
+    alone = [r["decode"] for _, r in ok if r["decode"].get("batch_size", 1) == 1] or [r["decode"] for _, r in ok]
+    seconds, alone_tokens = sum(d["wall_time_s"] for d in alone), sum(d["num_tokens"] for d in alone)
     drafted = sum(r["decode"]["num_drafted"] for _, r in ok)
     rounds = sum(r["decode"]["num_rounds"] for _, r in ok)
     speed = {
-        "time_per_token_ms": 1000.0 * seconds / max(tokens, 1),
+        "time_per_token_ms": 1000.0 * seconds / max(alone_tokens, 1),
         "num_tokens": tokens,
         "acceptance_rate": sum(r["decode"]["num_accepted"] for _, r in ok) / drafted if drafted else None,
         "tokens_per_round": tokens / rounds if rounds else None,
         "speedup_vs_greedy": None,
         "ideal_fraction": None,
     }
+    if batched := sum(r["decode"].get("batch_size", 1) > 1 for _, r in ok):
+        speed["num_batched"] = batched
     exit_layers = [layer for _, r in ok for layer in r["decode"].get("exit_layers", [])]
     if exit_layers:
         speed["avg_exit_layer"] = sum(exit_layers) / len(exit_layers)

@@ -20,6 +20,7 @@ from exitbench.plan import (
     RECIPE_COST,
     TASK_DECODE_COST,
     TRAIN_MFU,
+    batch_gain,
     build_plan,
     check_cpu_budget,
     check_planned_exit_layers,
@@ -93,10 +94,11 @@ def test_runs_that_fit_their_budget_pass_and_one_past_it_stops_in_one_line(cpuin
                                 ("twin", "layerskip_topv2_peers_cpu"), ("twin", "layerskip_topv2_cpu")]:
         cfg = config.load(REPO / "params.yaml", profile=profile, experiment=experiment)
         check_cpu_budget(cfg, build_plan(cfg, exact), cpuinfo=cpuinfo)
-    # measured on the Xeon (docs/twins.md): 82 minutes of training and 21 of greedy before any other method, so
-    # the topv2 twin has a budget of its own; at the twins' 110 minutes it stops
+    # measured on the Xeon (docs/twins.md), one prompt at a time: 82 minutes of training and 21 of greedy before
+    # any other method, so the topv2 twin has a budget of its own; at the twins' 110 minutes it stops
     cfg = config.load(REPO / "params.yaml", profile="twin", experiment="layerskip_topv2_cpu")
-    cfg = cfg.model_copy(update={"budget": cfg.budget.model_copy(update={"minutes": 110})})
+    cfg = cfg.model_copy(update={"budget": cfg.budget.model_copy(update={"minutes": 110}),
+                                 "evaluate": cfg.evaluate.model_copy(update={"quality_batch_size": 1})})
     with pytest.raises(ExitbenchError) as err:
         check_cpu_budget(cfg, build_plan(cfg, exact), cpuinfo=cpuinfo)
     text = str(err.value)
@@ -131,7 +133,8 @@ def test_a_planned_token_costs_what_its_task_measured():
     rows = {}
     for task in ("topv2", "cnndm"):
         # every method on either task (the cpu profile keeps some methods to TOPv2: method_tasks)
-        evaluate = cfg.evaluate.model_copy(update={"tasks": {task: topv2}, "method_tasks": {}})
+        # and one prompt at a time (a quality batch gains by task: see the next test but one)
+        evaluate = cfg.evaluate.model_copy(update={"tasks": {task: topv2}, "method_tasks": {}, "quality_batch_size": 1})
         rows[task] = next(r for r in build_plan(cfg.model_copy(update={"evaluate": evaluate}), exact)
                           if r.stage == "evaluate")
     assert rows["cnndm"].bytes_read == pytest.approx(TASK_DECODE_COST["cnndm"] * rows["topv2"].bytes_read)
@@ -195,3 +198,14 @@ def test_an_exit_layer_the_base_model_lacks_stops_configure_before_anything_trai
     deep = paper.model_copy(update={"bench": paper.bench.model_copy(update={"exit_layers": [6, 16]})})
     with pytest.raises(ExitbenchError, match=r"^bench\.exit_layers: exit layer 16 is outside 1\.\.15"):
         check_planned_exit_layers(deep)
+
+
+def test_quality_batches_are_planned_at_their_measured_gain():
+    cfg = config.load(REPO / "params.yaml", profile="twin", experiment="layerskip_topv2_cpu")
+    assert cfg.evaluate.quality_batch_size == 8
+    one = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"quality_batch_size": 1})})
+    batched, alone = (next(r for r in build_plan(c, exact) if r.stage == "evaluate") for c in (cfg, one))
+    assert batch_gain(4, "topv2") == 1.0 and batch_gain(8, "topv2") == batch_gain(16, "topv2") >= 3
+    assert batch_gain(8, "cnndm") < 1.5  # ~1k-token prompts: the padded prefill dominates
+    # greedy and early exit on 400 prompts past a 64-prompt timing sample: 336 each at a third of the cost
+    assert batched.bytes_read < 0.7 * alone.bytes_read

@@ -288,3 +288,33 @@ def test_a_task_not_timed_runs_exact_methods_for_exactness_but_times_nothing(tin
         assert summaries[label]["speed"]["num_timed"] == 0
     assert summaries["self_speculative"]["correctness"]["num_compared"] == 2
     assert summaries["early_exit"]["num_samples"] == 4  # the quality sample is unchanged
+
+
+def test_the_quality_sample_past_the_timing_sample_is_decoded_in_batches_with_the_same_tokens(tiny_model, tmp_path):
+    methods = {"autoregressive": {}, "early_exit": {"exit_layer": 1},
+               "self_speculative": {"exit_layer": 2, "num_speculations": 2}}  # fmt: skip
+    task = {"num_samples": 7, "max_new_tokens": 6, "timing_samples": 2}
+    ctx = EvalContext("tiny", tiny_model, CharTokenizer(), None, "tinykey", {"num_parameters": 1})
+    data = write_data(tmp_path / "data", topv2_rows({"alarm": 5, "music": 5, "timer": 5}))
+    raw = {"evaluate": {"models": ["tiny"], "methods": methods, "draft_vocab_size": 0, "tasks": {"topv2": task}}}
+    alone = evaluate_model_task(resolve(raw), ctx, "topv2", data, tmp_path / "alone")
+    raw["evaluate"]["quality_batch_size"] = 3
+    batched = evaluate_model_task(resolve(raw), ctx, "topv2", data, tmp_path / "batched")
+
+    def records(root: Path, stage: str, label: str) -> list[dict]:
+        path = root / "eval" / stage / "tiny" / "topv2" / f"{label}.jsonl"
+        path = path if path.exists() else root / stage / "tiny" / "topv2" / f"{label}.jsonl"
+        return sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda r: r["index"])
+
+    for stage, label in (("autoregressive", "autoregressive"), ("early_exit", "early_exit")):
+        one, many = records(tmp_path / "alone", stage, label), records(tmp_path / "batched", stage, label)
+        assert [r["tokens"] for r in one] == [r["tokens"] for r in many]
+        assert [r["decode"].get("batch_size", 1) for r in many][:2] == [1, 1]  # the timing sample: one at a time
+        assert {r["decode"].get("batch_size") for r in many[2:]} <= {2, 3} and len(many[2:]) == 5
+        assert all(r.get("reference_decode") is None for r in many[2:])
+        assert batched[label]["quality"] == alone[label]["quality"]
+        assert batched[label]["speed"]["num_batched"] == 5
+    assert batched["early_exit"]["speed"]["num_timed"] == 2  # speed-ups pair over the timing sample only
+    spec = records(tmp_path / "batched", "self_speculative", "self_speculative")
+    assert len(spec) == 2 and all("batch_size" not in r["decode"] for r in spec)
+    assert batched["self_speculative"]["correctness"]["num_mismatched"] == 0
