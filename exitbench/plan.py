@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from exitbench.config import Config, check_exit_layers
 from exitbench.errors import ExitbenchError
 from exitbench.models.standins import HUB_LAYERS
-from exitbench.stage_plan import reference_sample_size, timing_sample_size
+from exitbench.stage_plan import BATCHABLE, reference_sample_size, timing_sample_size
 
 #: parameters of the checkpoints the profiles name (model cards); other ids print as unknown size
 KNOWN_PARAMETERS = {
@@ -228,7 +228,7 @@ def build_plan(cfg: Config, is_exact: Callable[[str], bool]) -> list[PlanRow]:
                 count = t.num_samples if label == "autoregressive" or not is_exact(label) else timing
                 count = min(count, ev.method_samples.get(label, count))
                 cost = float(count)
-                if label == "autoregressive" or label.split("@", 1)[0] == "early_exit":  # batched past timing
+                if label.split("@", 1)[0] in BATCHABLE:  # batched past the timing sample
                     cost = min(count, timing) + max(count - timing, 0) / batch_gain(ev.quality_batch_size, task)
                 if label != "autoregressive":  # greedy re-timed beside the method, interleaved per prompt
                     reference = min(reference_sample_size(t), count)

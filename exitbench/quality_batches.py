@@ -16,9 +16,7 @@ from collections.abc import Sequence
 
 from exitbench.batched import BatchedMethod, batched_method
 from exitbench.decoding.base import DecodeResult, DecodingMethod, StopRule
-
-#: methods whose batched form decodes each row exactly as the batch-1 method does (same layers, same head)
-BATCHABLE = ("autoregressive", "early_exit")
+from exitbench.stage_plan import BATCHABLE
 
 
 def batched_form(method: DecodingMethod) -> BatchedMethod | None:
@@ -50,14 +48,12 @@ def decode_batch(
     batch's wall time in proportion to its tokens (a share, not a measurement of its own)."""
     result = form([prompt_ids[i] for i in indices], max_new_tokens, stop)
     total = max(result.num_tokens, 1)
-    layers = getattr(form.options, "exit_layer", form.model.num_layers)
-    out = []
-    for tokens in result.tokens:
-        if form.label.split("@", 1)[0] == "early_exit":
-            calls = {"exit_forwards": len(tokens), "layers_per_exit_forward": layers}
-            exits = [layers] * len(tokens)
-        else:
-            calls, exits = {"full_forwards": len(tokens), "layers_per_full_forward": layers}, []
-        share = result.wall_time_s * len(tokens) / total
-        out.append(DecodeResult(tokens=list(tokens), wall_time_s=share, layer_calls=calls, exit_layers=exits))
-    return out
+    early = form.label.split("@", 1)[0] == "early_exit"  # greedy's batch-1 records carry no exit layers
+    return [
+        DecodeResult(
+            tokens=list(tokens),
+            wall_time_s=result.wall_time_s * len(tokens) / total,
+            exit_layers=list(row["exit_layers"]) if early else [],
+        )
+        for tokens, row in zip(result.tokens, result.rows, strict=True)
+    ]

@@ -26,6 +26,11 @@ def needs_prepared_draft(label: str, options: dict[str, Any] | None) -> bool:
     return base_method(label) == "speculative" and not (options or {}).get("draft_layers")
 
 
+#: methods whose batched form decodes each row exactly as the batch-1 method does (same layers, same head): evaluate
+#: decodes their quality sample past the timing sample in batches (exitbench.quality_batches), and plan.py plans it
+BATCHABLE = ("autoregressive", "early_exit")
+
+
 def sample_limits(methods: Mapping[str, DecodingMethod], num_samples: int, timing_samples: int) -> dict[str, int]:
     """How many samples (a prefix of the quality sample) each method runs on: greedy and every inexact
     method the whole quality sample; an exact method, whose outputs equal greedy's by construction, only
