@@ -45,9 +45,8 @@ def stage_times(lines: list[str]) -> dict[str, Any]:
     """Each stage's wall time from a time-stamped DVC log (a run may pass midnight: clocks only move forward)."""
     starts: list[tuple[str, int]] = []
     skipped: list[str] = []
-    last = None
     offset = 0
-    previous = None
+    previous = None  # the last stamp seen, in seconds since the first one's midnight
     for line in lines:
         stamp = STAMP.match(line)
         if not stamp:
@@ -56,14 +55,13 @@ def stage_times(lines: list[str]) -> dict[str, Any]:
         if previous is not None and now + offset < previous:
             offset += 86400
         previous = now + offset
-        last = previous
         if running := RUNNING.match(line):
             starts.append((running.group(2), previous))
         elif skip := SKIPPED.match(line):
             skipped.append(skip.group(1))
     if not starts:
         raise SystemExit('time_repro: no "Running stage" line in the log: nothing was timed')
-    end = last
+    end = previous
     bounds = [start for _, start in starts[1:]] + [end]
     stages = [
         {"stage": name, "seconds": stop - start, "ran": True}
